@@ -1,0 +1,37 @@
+/* log: one structured line (logfmt) per event, to stderr.
+ *
+ * Every line is `ts=<RFC3339 ms> level=<lvl> event=<name> k=v ...`. Modules
+ * never printf; they call LOG_*(event, "k=%s n=%d", ...). Values that may hold
+ * spaces or quotes go through log_quote() first. The sink is replaceable so
+ * tests can capture lines. */
+#ifndef THAW_LOG_H
+#define THAW_LOG_H
+
+#include <stddef.h>
+
+enum log_level { LOG_LEVEL_DEBUG = 0, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR };
+
+typedef void (*log_sink_fn)(void *ud, const char *line, size_t len);
+
+/* Parses "debug", "info", "warn"/"warning", "error". Returns 0, or -1 if unknown. */
+int log_level_parse(const char *s, enum log_level *out);
+const char *log_level_to_str(enum log_level level);
+void log_set_level(enum log_level level);
+enum log_level log_get_level(void);
+/* NULL restores the stderr sink. */
+void log_set_sink(log_sink_fn fn, void *ud);
+
+/* fmt is the key=value tail (may be NULL). The line is truncated at 4 KiB. */
+void log_emit(enum log_level level, const char *event, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+
+/* Writes s as a logfmt value into out: bare when safe, else "quoted" with
+ * escapes; truncated to fit. Returns out. */
+const char *log_quote(char *out, size_t outlen, const char *s);
+
+#define LOG_DEBUG(ev, ...) do { if (log_get_level() <= LOG_LEVEL_DEBUG) log_emit(LOG_LEVEL_DEBUG, ev, __VA_ARGS__); } while (0)
+#define LOG_INFO(ev, ...) log_emit(LOG_LEVEL_INFO, ev, __VA_ARGS__)
+#define LOG_WARN(ev, ...) log_emit(LOG_LEVEL_WARN, ev, __VA_ARGS__)
+#define LOG_ERROR(ev, ...) log_emit(LOG_LEVEL_ERROR, ev, __VA_ARGS__)
+
+#endif

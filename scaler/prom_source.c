@@ -1,0 +1,1 @@
+#include "prom_source.h"
