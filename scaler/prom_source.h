@@ -41,6 +41,8 @@ struct prom_source_stats {
     uint64_t queries;       /* round trips started */
     uint64_t failures;      /* any failure */
     uint64_t last_duration_us;
+    uint64_t connects;      /* new TCP connections opened; stays at 1 while
+                               keep-alive to Prometheus holds */
 };
 
 /* base_url like "http://127.0.0.1:9090" (a trailing slash is fine).
@@ -60,5 +62,11 @@ int prom_source_query(struct prom_source *src, const char *promql, const char *l
                       prom_result_cb cb, void *ud);
 
 void prom_source_get_stats(const struct prom_source *src, struct prom_source_stats *out);
+
+/* Bound on one response body; a larger answer fails the query with
+ * "response body exceeds N bytes". Default PROM_SOURCE_MAX_BODY; 0 restores
+ * the default. Takes effect from the next query. */
+#define PROM_SOURCE_MAX_BODY (64u * 1024u * 1024u)
+void prom_source_set_max_body(struct prom_source *src, size_t max_bytes);
 
 #endif

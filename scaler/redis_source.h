@@ -10,7 +10,9 @@
  *   message body is a model name, delivered to on_wake as it arrives.
  * Both connections reconnect by themselves with a capped backoff.
  * hiredis 0.14 has no async timeouts: a command not answered within the
- * timeout fails its callback and the connection is dropped and reopened. */
+ * timeout fails its callback and the connection is dropped and reopened.
+ *
+ * Callbacks may call any function here, redis_source_free included. */
 #ifndef THAW_REDIS_SOURCE_H
 #define THAW_REDIS_SOURCE_H
 
@@ -30,15 +32,21 @@ struct redis_source_callbacks {
 
 struct redis_source_stats {
     uint64_t round_trips; /* batches sent (one per queue/held call) */
-    uint64_t commands;    /* commands sent in all batches */
-    uint64_t failures;
-    uint64_t reconnects;
+    uint64_t commands;    /* commands sent in all batches (one per 1000 keys,
+                             plus an EVAL retry after NOSCRIPT) */
+    uint64_t failures;    /* batches that failed */
+    uint64_t reconnects;  /* connection attempts after the first, both connections */
     uint64_t wake_messages;
 };
 
-/* url: redis://[:password@]host[:port][/db] (password and db optional).
- * Does not block: connects in the background. Returns NULL with err filled on
- * a bad URL or allocation failure. */
+/* url: redis://[:password@]host[:port][/db] (password and db optional; also
+ * redis://user:password@... for a Redis 6 ACL user, %-escapes decoded, and
+ * [IPv6] hosts). timeout_ms (> 0) bounds each batch and each connect +
+ * handshake. Does not block on the network: connects in the background
+ * (hiredis 0.14 does resolve a host name with a blocking getaddrinfo; give an
+ * address or a name the local resolver answers at once). Returns NULL with
+ * err filled on a bad URL, bad arguments or allocation failure. Does not take
+ * ownership of base, which must outlive the source. */
 struct redis_source *redis_source_new(struct event_base *base, const char *url, long timeout_ms,
                                       const struct redis_source_callbacks *cbs, void *ud,
                                       char *err, size_t errlen);
@@ -52,21 +60,32 @@ struct redis_queue_query {
     const char *group; /* stream consumer group, or NULL */
 };
 
-/* lengths[i] is the length for query i, or -1 when that key is missing (0 is
- * reported for a missing key, -1 only for a key of an unsupported type or a
- * per-key error). status < 0 (and lengths NULL) when the batch failed as a
- * whole; err says why. Arrays are valid only during the call. */
+/* lengths[i] is the length for query i: 0 for a missing key, -1 for a key of
+ * an unsupported type or a per-key error (a stream whose consumer group does
+ * not exist). A list gives LLEN, a sorted set ZCARD, a stream XLEN or, with a
+ * group, that group's pending + lag. Redis 7.0 reports lag as nil after
+ * deletions and for a group created at $ until it first catches up; then the
+ * entries after the group's last-delivered-id are counted (exact up to 1000
+ * per key and 10000 per script call; beyond that min(XLEN, entries-added -
+ * entries-read), an over-estimate). status < 0 (and
+ * lengths NULL) when the batch failed as a whole (any script error, timeout,
+ * connection lost); err says why ("timeout" for a timeout). Arrays are valid
+ * only during the call. */
 typedef void (*redis_queue_cb)(void *ud, int status, const long long *lengths, size_t n,
                                const char *err);
-/* Copies what it needs from q. Returns 0 if sent, -1 if not connected or a
- * batch of the same kind is still in flight. cb is never called from inside
- * this function. */
+/* Copies what it needs from q. Returns 0 if sent, -1 if not connected, a
+ * batch of the same kind is still in flight, n > REDIS_SOURCE_MAX_KEYS, an
+ * argument is NULL or allocation failed. cb is never called from inside this
+ * function; after 0 it is called exactly once unless the source is freed
+ * first. n == 0 is allowed (cb gets n == 0 on the next loop turn). */
+#define REDIS_SOURCE_MAX_KEYS 100000
 int redis_source_queue_lengths(struct redis_source *src, const struct redis_queue_query *q,
                                size_t n, redis_queue_cb cb, void *ud);
 
 /* held[i] is the sum of the counts of thaw:held:<models[i]> fields whose
- * timestamp is within fresh_ms of now_unix_ms (fields that fail to parse are
- * ignored). Same status, copying and calling rules as above. */
+ * timestamp is within fresh_ms of now_unix_ms (fields that fail to parse, or
+ * with a count over 9 digits, are ignored; a missing key or one that is not a
+ * hash counts 0). Same status, copying and calling rules as above. */
 typedef void (*redis_held_cb)(void *ud, int status, const long long *held, size_t n,
                               const char *err);
 int redis_source_held_counts(struct redis_source *src, const char *const *models, size_t n,

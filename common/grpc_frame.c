@@ -1,0 +1,155 @@
+#include "grpc_frame.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "alloc.h"
+
+static const char *const status_names[GRPC_STATUS_COUNT] = {
+    "OK",        "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
+    "DEADLINE_EXCEEDED", "NOT_FOUND",   "ALREADY_EXISTS",    "PERMISSION_DENIED",
+    "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED",  "OUT_OF_RANGE",
+    "UNIMPLEMENTED", "INTERNAL",        "UNAVAILABLE",       "DATA_LOSS",
+    "UNAUTHENTICATED",
+};
+
+const char *grpc_status_to_str(int status)
+{
+    if (status < 0 || status >= GRPC_STATUS_COUNT)
+        return "UNKNOWN_CODE";
+    return status_names[status];
+}
+
+const char *grpc_read_result_to_str(enum grpc_read_result res)
+{
+    switch (res) {
+    case GRPC_READ_INCOMPLETE: return "incomplete";
+    case GRPC_READ_MESSAGE: return "message";
+    case GRPC_READ_TOO_LARGE: return "message larger than the limit";
+    case GRPC_READ_COMPRESSED: return "compressed message but no compression was negotiated";
+    case GRPC_READ_BAD_FLAG: return "invalid compressed-flag byte";
+    case GRPC_READ_NOMEM: return "out of memory";
+    }
+    return "unknown";
+}
+
+void grpc_reader_init(struct grpc_reader *r, size_t max_len)
+{
+    memset(r, 0, sizeof(*r));
+    r->max_len = max_len;
+}
+
+void grpc_reader_finish(struct grpc_reader *r)
+{
+    if (!r)
+        return;
+    thaw_free(r->msg);
+    r->msg = NULL;
+}
+
+static void reset_for_next(struct grpc_reader *r)
+{
+    thaw_free(r->msg);
+    r->msg = NULL;
+    r->msg_len = r->msg_have = r->header_have = 0;
+    r->ready = 0;
+}
+
+enum grpc_read_result grpc_reader_feed(struct grpc_reader *r, const uint8_t *data, size_t len,
+                                       size_t *consumed)
+{
+    size_t used = 0;
+    if (r->ready)
+        reset_for_next(r);
+    while (used < len || (r->header_have == GRPC_FRAME_HEADER_LEN && r->msg_have == r->msg_len)) {
+        if (r->header_have < GRPC_FRAME_HEADER_LEN) {
+            size_t take = GRPC_FRAME_HEADER_LEN - r->header_have;
+            if (take > len - used)
+                take = len - used;
+            memcpy(r->header + r->header_have, data + used, take);
+            r->header_have += take;
+            used += take;
+            if (r->header_have < GRPC_FRAME_HEADER_LEN)
+                break;
+            if (r->header[0] == 1) {
+                *consumed = used;
+                return GRPC_READ_COMPRESSED;
+            }
+            if (r->header[0] != 0) {
+                *consumed = used;
+                return GRPC_READ_BAD_FLAG;
+            }
+            r->msg_len = ((size_t)r->header[1] << 24) | ((size_t)r->header[2] << 16) |
+                         ((size_t)r->header[3] << 8) | (size_t)r->header[4];
+            if (r->msg_len > r->max_len) {
+                *consumed = used;
+                return GRPC_READ_TOO_LARGE;
+            }
+            r->msg_have = 0;
+            /* +1 so an empty message still has a buffer to point at. */
+            r->msg = thaw_malloc(r->msg_len + 1);
+            if (!r->msg) {
+                *consumed = used;
+                return GRPC_READ_NOMEM;
+            }
+        }
+        size_t take = r->msg_len - r->msg_have;
+        if (take > len - used)
+            take = len - used;
+        memcpy(r->msg + r->msg_have, data + used, take);
+        r->msg_have += take;
+        used += take;
+        if (r->msg_have == r->msg_len) {
+            r->ready = 1;
+            *consumed = used;
+            return GRPC_READ_MESSAGE;
+        }
+    }
+    *consumed = used;
+    return GRPC_READ_INCOMPLETE;
+}
+
+const uint8_t *grpc_reader_message(struct grpc_reader *r, size_t *len)
+{
+    if (!r->ready)
+        return NULL;
+    *len = r->msg_len;
+    return r->msg;
+}
+
+int grpc_reader_partial(const struct grpc_reader *r)
+{
+    return !r->ready && r->header_have > 0;
+}
+
+void grpc_frame_header(uint8_t out[GRPC_FRAME_HEADER_LEN], uint32_t len)
+{
+    out[0] = 0;
+    out[1] = (uint8_t)(len >> 24);
+    out[2] = (uint8_t)(len >> 16);
+    out[3] = (uint8_t)(len >> 8);
+    out[4] = (uint8_t)len;
+}
+
+char *grpc_percent_encode(char *out, size_t outlen, const char *s)
+{
+    static const char hex[] = "0123456789ABCDEF";
+    size_t o = 0;
+    if (outlen == 0)
+        return out;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p >= 0x20 && *p <= 0x7e && *p != '%') {
+            if (o + 1 >= outlen)
+                break;
+            out[o++] = (char)*p;
+        } else {
+            if (o + 3 >= outlen)
+                break;
+            out[o++] = '%';
+            out[o++] = hex[*p >> 4];
+            out[o++] = hex[*p & 15];
+        }
+    }
+    out[o] = '\0';
+    return out;
+}

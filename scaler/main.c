@@ -1,0 +1,503 @@
+/* thaw-scaler: KEDA external scaler for LLM models.
+ *
+ * Wiring only: options, the event loop, the gRPC server, the admin HTTP
+ * server, the Prometheus and Redis sources on timers, and signals. The logic
+ * lives in state, policy, service and the sources. */
+#include <errno.h>
+#include <signal.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include <event2/buffer.h>
+#include <event2/event.h>
+#include <event2/http.h>
+#include <event2/keyvalq_struct.h>
+
+#include "alloc.h"
+#include "clock.h"
+#include "expo.h"
+#include "grpc_server.h"
+#include "log.h"
+#include "options.h"
+#include "prom_source.h"
+#include "redis_source.h"
+#include "service.h"
+#include "state.h"
+
+struct settings {
+    char *listen;
+    char *http_listen;
+    char *prometheus_url;
+    char *redis_url;
+    char *config;
+    enum log_level log_level;
+    char *token_rate_query;
+    char *token_rate_label;
+    long prometheus_interval_ms;
+    long redis_interval_ms;
+    long source_timeout_ms;
+    double staleness_limit_seconds;
+    double scale_down_stabilization_seconds;
+    double held_fresh_seconds;
+    double target_expiry_seconds;
+    long max_connections;
+    double shutdown_timeout_seconds;
+};
+
+#define S(f) offsetof(struct settings, f)
+static const struct opt_def option_defs[] = {
+    {"listen", OPT_STRING, S(listen), "0.0.0.0:9090", 0, 0,
+     "gRPC (KEDA externalscaler) address, HOST:PORT (port 0 picks a free one)", "listen"},
+    {"http-listen", OPT_STRING, S(http_listen), "0.0.0.0:9091", 0, 0,
+     "HTTP address for /metrics, /healthz, /readyz, /models", "httpListen"},
+    {"prometheus-url", OPT_STRING, S(prometheus_url), "http://127.0.0.1:9090", 0, 0,
+     "Prometheus base URL", "prometheusUrl"},
+    {"redis-url", OPT_STRING, S(redis_url), "redis://127.0.0.1:6379", 0, 0,
+     "Redis URL, redis://[:password@]host[:port][/db]", "redisUrl"},
+    {"config", OPT_STRING, S(config), NULL, 0, 0, "JSON config file (keys as listed here)", NULL},
+    {"log-level", OPT_LOG_LEVEL, S(log_level), "info", 0, 0, "debug, info, warn or error",
+     "logLevel"},
+    {"token-rate-query", OPT_STRING, S(token_rate_query),
+     "sum by (model_name) (rate(vllm:generation_tokens_total[1m]))", 0, 0,
+     "PromQL giving generation tokens/s per model; one query per interval for all models",
+     "tokenRateQuery"},
+    {"token-rate-label", OPT_STRING, S(token_rate_label), "model_name", 0, 0,
+     "label of the query's result that names the model", "tokenRateLabel"},
+    {"prometheus-interval-ms", OPT_INT, S(prometheus_interval_ms), "5000", 100, 3600000,
+     "how often the token-rate query runs", "prometheusIntervalMs"},
+    {"redis-interval-ms", OPT_INT, S(redis_interval_ms), "1000", 100, 3600000,
+     "how often queue lengths and held counts are read", "redisIntervalMs"},
+    {"source-timeout-ms", OPT_INT, S(source_timeout_ms), "2000", 50, 600000,
+     "timeout of one Prometheus query or Redis batch", "sourceTimeoutMs"},
+    {"staleness-limit-seconds", OPT_DOUBLE, S(staleness_limit_seconds), "60", 1, 86400,
+     "after a source fails this long, GetMetrics answers UNAVAILABLE (KEDA fallback)",
+     "stalenessLimitSeconds"},
+    {"scale-down-stabilization-seconds", OPT_DOUBLE, S(scale_down_stabilization_seconds), "300",
+     0, 86400, "desired replicas are the max over this window (set HPA's own window to 0)",
+     "scaleDownStabilizationSeconds"},
+    {"held-fresh-seconds", OPT_DOUBLE, S(held_fresh_seconds), "5", 1, 3600,
+     "activator held-count fields older than this are ignored; a wake counts this long",
+     "heldFreshSeconds"},
+    {"target-expiry-seconds", OPT_DOUBLE, S(target_expiry_seconds), "3600", 60, 864000,
+     "ScaledObjects KEDA has not asked about for this long are forgotten",
+     "targetExpirySeconds"},
+    {"max-connections", OPT_INT, S(max_connections), "10000", 1, 1000000,
+     "gRPC connections accepted at once", "maxConnections"},
+    {"shutdown-timeout-seconds", OPT_DOUBLE, S(shutdown_timeout_seconds), "5", 0, 600,
+     "on SIGTERM, how long to wait for connections to close", "shutdownTimeoutSeconds"},
+};
+#undef S
+#define NOPTIONS (sizeof(option_defs) / sizeof(option_defs[0]))
+
+struct app {
+    struct settings cfg;
+    struct event_base *base;
+    struct scaler_service *svc;
+    struct scaler_state *st;
+    struct grpc_server *grpc;
+    struct evhttp *http;
+    struct prom_source *prom;
+    struct redis_source *redis;
+    struct event *prom_timer, *redis_timer, *tick_timer, *sigterm, *sigint, *shutdown_timer;
+    bool queue_in_flight, held_in_flight, stopping;
+    int64_t last_gc_ms;
+};
+
+/* ---- sources ----------------------------------------------------------- */
+
+static void prom_done(void *ud, int status, const struct prom_sample *samples, size_t n,
+                      const char *err)
+{
+    struct app *app = ud;
+    if (status == 0)
+        scaler_state_prom_ok(app->st, samples, n, clock_mono_ms());
+    else
+        scaler_state_source_failed(app->st, SOURCE_PROMETHEUS, err, clock_mono_ms());
+}
+
+static void prom_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct app *app = arg;
+    /* -1 means the previous query is still running; its own timeout reports it. */
+    prom_source_query(app->prom, app->cfg.token_rate_query, app->cfg.token_rate_label, prom_done,
+                      app);
+}
+
+static void queue_done(void *ud, int status, const long long *lengths, size_t n,
+                       const char *err)
+{
+    struct app *app = ud;
+    app->queue_in_flight = false;
+    if (status == 0)
+        scaler_state_queue_ok(app->st, lengths, n, clock_mono_ms());
+    else
+        scaler_state_source_failed(app->st, SOURCE_REDIS_QUEUE, err, clock_mono_ms());
+}
+
+static void held_done(void *ud, int status, const long long *held, size_t n, const char *err)
+{
+    struct app *app = ud;
+    app->held_in_flight = false;
+    if (status == 0)
+        scaler_state_held_ok(app->st, held, n, clock_mono_ms());
+    else
+        scaler_state_source_failed(app->st, SOURCE_REDIS_HELD, err, clock_mono_ms());
+}
+
+static void redis_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct app *app = arg;
+    int64_t now = clock_mono_ms();
+    if (!redis_source_connected(app->redis)) {
+        scaler_state_source_failed(app->st, SOURCE_REDIS_QUEUE, "not connected", now);
+        scaler_state_source_failed(app->st, SOURCE_REDIS_HELD, "not connected", now);
+        return;
+    }
+    /* Forget old targets only while no batch points into the state. */
+    if (!app->queue_in_flight && !app->held_in_flight && now - app->last_gc_ms > 60000) {
+        scaler_state_gc(app->st, now);
+        app->last_gc_ms = now;
+    }
+    if (!app->queue_in_flight) {
+        const struct redis_queue_query *q = NULL;
+        size_t n = scaler_state_queue_batch(app->st, &q);
+        if (redis_source_queue_lengths(app->redis, q, n, queue_done, app) == 0)
+            app->queue_in_flight = true;
+    }
+    if (!app->held_in_flight) {
+        const char *const *models = NULL;
+        size_t n = scaler_state_held_batch(app->st, &models);
+        if (redis_source_held_counts(app->redis, models, n, clock_unix_ms(),
+                                     (int64_t)(app->cfg.held_fresh_seconds * 1000), held_done,
+                                     app) == 0)
+            app->held_in_flight = true;
+    }
+}
+
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct app *app = arg;
+    /* Time alone changes decisions: stabilization windows and wake holds expire. */
+    scaler_state_tick(app->st, clock_mono_ms());
+}
+
+static void on_wake(void *ud, const char *model)
+{
+    struct app *app = ud;
+    scaler_service_wake(app->svc, model);
+}
+
+static void on_redis_state(void *ud, bool up)
+{
+    LOG_INFO("redis_connection", "up=%s", up ? "true" : "false");
+}
+
+/* ---- admin HTTP --------------------------------------------------------- */
+
+static long resident_bytes(void)
+{
+    FILE *f = fopen("/proc/self/statm", "r");
+    long pages = 0, rss = 0;
+    if (!f)
+        return 0;
+    if (fscanf(f, "%ld %ld", &pages, &rss) != 2)
+        rss = 0;
+    fclose(f);
+    return rss * sysconf(_SC_PAGESIZE);
+}
+
+static void reply(struct evhttp_request *req, int code, const char *type, struct evbuffer *body)
+{
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", type);
+    evhttp_send_reply(req, code, code == 200 ? "OK" : "Service Unavailable", body);
+}
+
+static void http_metrics(struct evhttp_request *req, void *arg)
+{
+    struct app *app = arg;
+    struct evbuffer *out = evbuffer_new();
+    if (!out) {
+        evhttp_send_error(req, 500, "out of memory");
+        return;
+    }
+    int64_t now = clock_mono_ms();
+    scaler_state_write_metrics(app->st, out, now);
+    scaler_service_write_metrics(app->svc, out);
+    grpc_server_write_metrics(app->grpc, out, "thaw_scaler");
+    struct prom_source_stats ps;
+    struct redis_source_stats rs;
+    prom_source_get_stats(app->prom, &ps);
+    redis_source_get_stats(app->redis, &rs);
+    expo_family(out, "thaw_scaler_source_round_trips_total", "counter",
+                "Round trips to each backing service (constant per interval in the model count).");
+    expo_sample(out, "thaw_scaler_source_round_trips_total", "service=\"prometheus\"",
+                (double)ps.queries);
+    expo_sample(out, "thaw_scaler_source_round_trips_total", "service=\"redis\"",
+                (double)rs.round_trips);
+    expo_family(out, "thaw_scaler_redis_commands_total", "counter",
+                "Redis commands sent in all batches.");
+    expo_sample(out, "thaw_scaler_redis_commands_total", NULL, (double)rs.commands);
+    expo_family(out, "thaw_scaler_redis_reconnects_total", "counter", "Redis reconnections.");
+    expo_sample(out, "thaw_scaler_redis_reconnects_total", NULL, (double)rs.reconnects);
+    expo_family(out, "thaw_scaler_prometheus_query_duration_seconds", "gauge",
+                "Duration of the last token-rate query.");
+    expo_sample(out, "thaw_scaler_prometheus_query_duration_seconds", NULL,
+                (double)ps.last_duration_us / 1e6);
+    expo_family(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
+    expo_sample(out, "process_resident_memory_bytes", NULL, (double)resident_bytes());
+    reply(req, 200, EXPO_CONTENT_TYPE, out);
+    evbuffer_free(out);
+}
+
+static void http_healthz(struct evhttp_request *req, void *arg)
+{
+    struct evbuffer *out = evbuffer_new();
+    if (out)
+        evbuffer_add_printf(out, "ok\n");
+    reply(req, 200, "text/plain", out);
+    evbuffer_free(out);
+}
+
+static void http_readyz(struct evhttp_request *req, void *arg)
+{
+    struct app *app = arg;
+    struct evbuffer *out = evbuffer_new();
+    if (out)
+        evbuffer_add_printf(out, app->stopping ? "shutting down\n" : "ready\n");
+    reply(req, app->stopping ? 503 : 200, "text/plain", out);
+    evbuffer_free(out);
+}
+
+static void http_models(struct evhttp_request *req, void *arg)
+{
+    struct app *app = arg;
+    struct evbuffer *out = evbuffer_new();
+    if (!out) {
+        evhttp_send_error(req, 500, "out of memory");
+        return;
+    }
+    scaler_state_write_models_json(app->st, out, clock_mono_ms());
+    evbuffer_add(out, "\n", 1);
+    reply(req, 200, "application/json", out);
+    evbuffer_free(out);
+}
+
+static void http_not_found(struct evhttp_request *req, void *arg)
+{
+    evhttp_send_error(req, 404, "not found; try /metrics, /healthz, /readyz or /models");
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+static void shutdown_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct app *app = arg;
+    LOG_WARN("shutdown_timeout", "connections=%zu", grpc_server_connection_count(app->grpc));
+    event_base_loopbreak(app->base);
+}
+
+static void shutdown_check_cb(evutil_socket_t fd, short what, void *arg);
+
+static void signal_cb(evutil_socket_t sig, short what, void *arg)
+{
+    struct app *app = arg;
+    if (app->stopping) {
+        event_base_loopbreak(app->base);
+        return;
+    }
+    app->stopping = true;
+    LOG_INFO("shutdown", "signal=%d streams=%zu", (int)sig, scaler_service_stream_count(app->svc));
+    scaler_service_set_serving(app->svc, false);
+    grpc_server_shutdown(app->grpc);
+    event_del(app->prom_timer);
+    event_del(app->redis_timer);
+    event_del(app->tick_timer);
+    struct timeval tv = {(time_t)app->cfg.shutdown_timeout_seconds,
+                         (suseconds_t)((app->cfg.shutdown_timeout_seconds -
+                                        (double)(time_t)app->cfg.shutdown_timeout_seconds) *
+                                       1e6)};
+    event_add(app->shutdown_timer, &tv);
+    shutdown_check_cb(-1, 0, app);
+}
+
+static void shutdown_check_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct app *app = arg;
+    if (grpc_server_connection_count(app->grpc) == 0) {
+        event_base_loopbreak(app->base);
+        return;
+    }
+    struct timeval tv = {0, 20000};
+    event_base_once(app->base, -1, EV_TIMEOUT, shutdown_check_cb, app, &tv);
+}
+
+static int listen_http(struct app *app, int *port, char *err, size_t errlen)
+{
+    char host[256];
+    if (options_split_hostport(app->cfg.http_listen, host, sizeof(host), port) != 0) {
+        snprintf(err, errlen, "--http-listen: expected HOST:PORT, got '%s'", app->cfg.http_listen);
+        return -1;
+    }
+    app->http = evhttp_new(app->base);
+    if (!app->http) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    evhttp_set_max_headers_size(app->http, 16384);
+    evhttp_set_max_body_size(app->http, 65536);
+    evhttp_set_timeout(app->http, 30);
+    evhttp_set_allowed_methods(app->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+    evhttp_set_cb(app->http, "/metrics", http_metrics, app);
+    evhttp_set_cb(app->http, "/healthz", http_healthz, app);
+    evhttp_set_cb(app->http, "/readyz", http_readyz, app);
+    evhttp_set_cb(app->http, "/models", http_models, app);
+    evhttp_set_gencb(app->http, http_not_found, app);
+    struct evhttp_bound_socket *sock = evhttp_bind_socket_with_handle(app->http, host,
+                                                                      (ev_uint16_t)*port);
+    if (!sock) {
+        snprintf(err, errlen, "bind %s: %s", app->cfg.http_listen, strerror(errno));
+        return -1;
+    }
+    struct sockaddr_storage ss;
+    socklen_t sl = sizeof(ss);
+    if (getsockname(evhttp_bound_socket_get_fd(sock), (struct sockaddr *)&ss, &sl) == 0)
+        *port = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)(void *)&ss)->sin_port
+                                              : ((struct sockaddr_in6 *)(void *)&ss)->sin6_port);
+    return 0;
+}
+
+static void app_free(struct app *app)
+{
+    grpc_server_free(app->grpc); /* cancels streams: the service forgets them */
+    scaler_service_free(app->svc);
+    scaler_state_free(app->st);
+    prom_source_free(app->prom);
+    redis_source_free(app->redis);
+    if (app->http)
+        evhttp_free(app->http);
+    struct event *evs[] = {app->prom_timer, app->redis_timer, app->tick_timer,
+                           app->sigterm,    app->sigint,      app->shutdown_timer};
+    for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
+        if (evs[i])
+            event_free(evs[i]);
+    if (app->base)
+        event_base_free(app->base);
+    options_free(option_defs, NOPTIONS, &app->cfg);
+}
+
+static struct timeval ms_to_tv(long ms)
+{
+    struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
+    return tv;
+}
+
+int main(int argc, char **argv)
+{
+    struct app app;
+    char err[512];
+    memset(&app, 0, sizeof(app));
+    signal(SIGPIPE, SIG_IGN);
+
+    enum options_result r = options_parse(
+        option_defs, NOPTIONS, &app.cfg, argc, argv, "thaw-scaler",
+        "KEDA external scaler for LLM inference: replicas from token rate, queue length and "
+        "requests held by activators.",
+        "config", NULL, stdout, err, sizeof(err));
+    if (r == OPTIONS_EXIT_OK) {
+        options_free(option_defs, NOPTIONS, &app.cfg);
+        return 0;
+    }
+    if (r == OPTIONS_ERROR) {
+        fprintf(stderr, "thaw-scaler: %s\n", err);
+        options_free(option_defs, NOPTIONS, &app.cfg);
+        return 2;
+    }
+    log_set_level(app.cfg.log_level);
+
+    char grpc_host[256];
+    int grpc_port = 0, http_port = 0;
+    if (options_split_hostport(app.cfg.listen, grpc_host, sizeof(grpc_host), &grpc_port) != 0) {
+        fprintf(stderr, "thaw-scaler: --listen: expected HOST:PORT, got '%s'\n", app.cfg.listen);
+        options_free(option_defs, NOPTIONS, &app.cfg);
+        return 2;
+    }
+
+    app.base = event_base_new();
+    app.svc = scaler_service_new();
+    struct scaler_state_config sc = {
+        .staleness_limit_ms = (int64_t)(app.cfg.staleness_limit_seconds * 1000),
+        .scale_down_window_ms = (int64_t)(app.cfg.scale_down_stabilization_seconds * 1000),
+        .wake_hold_ms = (int64_t)(app.cfg.held_fresh_seconds * 1000),
+        .target_expiry_ms = (int64_t)(app.cfg.target_expiry_seconds * 1000),
+    };
+    app.st = app.svc ? scaler_state_new(&sc, clock_mono_ms(), scaler_service_on_change, app.svc)
+                     : NULL;
+    if (!app.base || !app.svc || !app.st) {
+        LOG_ERROR("startup_failed", "error=\"out of memory\"");
+        app_free(&app);
+        return 1;
+    }
+    scaler_service_attach(app.svc, app.st);
+    size_t nmethods = 0;
+    const struct grpc_method *methods = scaler_service_methods(app.svc, &nmethods);
+    struct grpc_server_limits limits = {.max_connections = (size_t)app.cfg.max_connections};
+    app.grpc = grpc_server_new(app.base, methods, nmethods, &limits);
+    if (!app.grpc ||
+        grpc_server_listen(app.grpc, grpc_host, grpc_port, &grpc_port, err, sizeof(err)) != 0 ||
+        listen_http(&app, &http_port, err, sizeof(err)) != 0) {
+        LOG_ERROR("startup_failed", "error=\"%s\"", app.grpc ? err : "out of memory");
+        app_free(&app);
+        return 1;
+    }
+    app.prom = prom_source_new(app.base, app.cfg.prometheus_url, app.cfg.source_timeout_ms, err,
+                               sizeof(err));
+    if (!app.prom) {
+        LOG_ERROR("startup_failed", "error=\"prometheus: %s\"", err);
+        app_free(&app);
+        return 1;
+    }
+    struct redis_source_callbacks rcb = {.on_wake = on_wake, .on_state = on_redis_state};
+    app.redis = redis_source_new(app.base, app.cfg.redis_url, app.cfg.source_timeout_ms, &rcb,
+                                 &app, err, sizeof(err));
+    if (!app.redis) {
+        LOG_ERROR("startup_failed", "error=\"redis: %s\"", err);
+        app_free(&app);
+        return 1;
+    }
+
+    app.prom_timer = event_new(app.base, -1, EV_PERSIST, prom_timer_cb, &app);
+    app.redis_timer = event_new(app.base, -1, EV_PERSIST, redis_timer_cb, &app);
+    app.tick_timer = event_new(app.base, -1, EV_PERSIST, tick_cb, &app);
+    app.sigterm = evsignal_new(app.base, SIGTERM, signal_cb, &app);
+    app.sigint = evsignal_new(app.base, SIGINT, signal_cb, &app);
+    app.shutdown_timer = evtimer_new(app.base, shutdown_timeout_cb, &app);
+    if (!app.prom_timer || !app.redis_timer || !app.tick_timer || !app.sigterm || !app.sigint ||
+        !app.shutdown_timer) {
+        LOG_ERROR("startup_failed", "error=\"out of memory\"");
+        app_free(&app);
+        return 1;
+    }
+    struct timeval ptv = ms_to_tv(app.cfg.prometheus_interval_ms);
+    struct timeval rtv = ms_to_tv(app.cfg.redis_interval_ms);
+    struct timeval ttv = {1, 0};
+    event_add(app.prom_timer, &ptv);
+    event_add(app.redis_timer, &rtv);
+    event_add(app.tick_timer, &ttv);
+    event_add(app.sigterm, NULL);
+    event_add(app.sigint, NULL);
+    /* First readings right away rather than one interval after start. */
+    event_active(app.prom_timer, EV_TIMEOUT, 0);
+    app.last_gc_ms = clock_mono_ms();
+
+    char q1[600], q2[300];
+    LOG_INFO("listening", "grpc_port=%d http_port=%d prometheus=%s redis=%s query=%s", grpc_port,
+             http_port, log_quote(q2, sizeof(q2), app.cfg.prometheus_url), app.cfg.redis_url,
+             log_quote(q1, sizeof(q1), app.cfg.token_rate_query));
+    event_base_dispatch(app.base);
+    LOG_INFO("stopped", "streams_left=%zu", scaler_service_stream_count(app.svc));
+    app_free(&app);
+    return 0;
+}

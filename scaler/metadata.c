@@ -1,0 +1,169 @@
+#include "metadata.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "alloc.h"
+
+static const char *const keda_keys[] = {
+    "scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsClientCert", "tlsClientKey",
+    "tlsCertFile", "metricType", "useCachedMetrics",
+};
+
+struct number_key {
+    const char *key;
+    size_t offset;
+    double def;
+    int allow_zero;
+};
+
+static const struct number_key number_keys[] = {
+    {"targetTokensPerSecond", offsetof(struct scaler_spec, target_tokens_per_second), 1000, 0},
+    {"targetQueueLength", offsetof(struct scaler_spec, target_queue_length), 10, 0},
+    {"activationTokenRate", offsetof(struct scaler_spec, activation_token_rate), 0, 1},
+    {"activationQueueLength", offsetof(struct scaler_spec, activation_queue_length), 0, 1},
+};
+#define NUMBER_KEYS (sizeof(number_keys) / sizeof(number_keys[0]))
+
+static int parse_number(const struct number_key *k, const char *value, double *out, char *err,
+                        size_t errlen)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(value, &end);
+    while (end && isspace((unsigned char)*end))
+        end++;
+    if (errno || end == value || !end || *end != '\0' || !isfinite(v) || v < 0 ||
+        (!k->allow_zero && v == 0)) {
+        snprintf(err, errlen, "metadata key '%s': expected a number %s, got '%.64s'", k->key,
+                 k->allow_zero ? ">= 0" : "> 0", value);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int valid_text(const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        if (*p < 0x20 || *p == 0x7f)
+            return 0;
+    return 1;
+}
+
+int metadata_parse(const char *const *keys, const char *const *values, size_t n,
+                   struct scaler_spec *spec, metadata_unknown_fn unknown, void *ud, char *err,
+                   size_t errlen)
+{
+    memset(spec, 0, sizeof(*spec));
+    for (size_t k = 0; k < NUMBER_KEYS; k++)
+        *(double *)(void *)((char *)spec + number_keys[k].offset) = number_keys[k].def;
+    const char *model = NULL, *redis_key = NULL, *group = NULL;
+
+    for (size_t i = 0; i < n; i++) {
+        const char *key = keys[i], *value = values[i] ? values[i] : "";
+        if (strlen(value) > METADATA_MAX_VALUE) {
+            snprintf(err, errlen, "metadata key '%.64s': value longer than %d bytes", key,
+                     METADATA_MAX_VALUE);
+            return -1;
+        }
+        if (strcmp(key, "model") == 0) {
+            model = value;
+            continue;
+        }
+        if (strcmp(key, "redisKey") == 0) {
+            redis_key = value;
+            continue;
+        }
+        if (strcmp(key, "redisStreamGroup") == 0) {
+            group = value;
+            continue;
+        }
+        int matched = 0;
+        for (size_t k = 0; k < NUMBER_KEYS && !matched; k++) {
+            if (strcmp(key, number_keys[k].key) == 0) {
+                double *slot = (double *)(void *)((char *)spec + number_keys[k].offset);
+                if (parse_number(&number_keys[k], value, slot, err, errlen) != 0)
+                    return -1;
+                matched = 1;
+            }
+        }
+        for (size_t k = 0; k < sizeof(keda_keys) / sizeof(keda_keys[0]) && !matched; k++)
+            matched = strcmp(key, keda_keys[k]) == 0;
+        if (!matched && unknown)
+            unknown(ud, key);
+    }
+    if (!model || !*model) {
+        snprintf(err, errlen, "metadata key 'model' is required");
+        return -1;
+    }
+    if (!valid_text(model) || (redis_key && !valid_text(redis_key)) ||
+        (group && !valid_text(group))) {
+        snprintf(err, errlen, "metadata keys 'model', 'redisKey' and 'redisStreamGroup' must "
+                              "not contain control characters");
+        return -1;
+    }
+    if (redis_key && !*redis_key) {
+        snprintf(err, errlen, "metadata key 'redisKey' must not be empty");
+        return -1;
+    }
+    spec->model = thaw_strdup(model);
+    if (redis_key) {
+        spec->redis_key = thaw_strdup(redis_key);
+    } else if (spec->model) {
+        size_t len = strlen(model) + sizeof("thaw:queue:");
+        spec->redis_key = thaw_malloc(len);
+        if (spec->redis_key)
+            snprintf(spec->redis_key, len, "thaw:queue:%s", model);
+    }
+    if (group && *group)
+        spec->redis_stream_group = thaw_strdup(group);
+    if (!spec->model || !spec->redis_key || (group && *group && !spec->redis_stream_group)) {
+        metadata_spec_finish(spec);
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
+    return 0;
+}
+
+void metadata_spec_finish(struct scaler_spec *spec)
+{
+    if (!spec)
+        return;
+    thaw_free(spec->model);
+    thaw_free(spec->redis_key);
+    thaw_free(spec->redis_stream_group);
+    memset(spec, 0, sizeof(*spec));
+}
+
+static int str_equal(const char *a, const char *b)
+{
+    if (!a || !b)
+        return a == b;
+    return strcmp(a, b) == 0;
+}
+
+int metadata_spec_equal(const struct scaler_spec *a, const struct scaler_spec *b)
+{
+    return str_equal(a->model, b->model) && str_equal(a->redis_key, b->redis_key) &&
+           str_equal(a->redis_stream_group, b->redis_stream_group) &&
+           a->target_tokens_per_second == b->target_tokens_per_second &&
+           a->target_queue_length == b->target_queue_length &&
+           a->activation_token_rate == b->activation_token_rate &&
+           a->activation_queue_length == b->activation_queue_length;
+}
+
+void metadata_metric_name(const char *model, char *out, size_t outlen)
+{
+    size_t o = (size_t)snprintf(out, outlen, "thaw-");
+    size_t limit = outlen < 201 ? outlen : 201;
+    for (const unsigned char *p = (const unsigned char *)model; *p && o + 1 < limit; p++) {
+        unsigned char c = (unsigned char)tolower(*p);
+        out[o++] = (char)((isalnum(c) && c < 0x80) || c == '-' ? c : '-');
+    }
+    out[o] = '\0';
+}

@@ -1,0 +1,46 @@
+/* metadata: a ScaledObject trigger's `metadata` map (KEDA's scalerMetadata)
+ * turned into a validated scaling spec. Pure: no I/O, no globals.
+ *
+ * Keys (documented in README):
+ *   model (required), targetTokensPerSecond (1000), targetQueueLength (10),
+ *   redisKey (thaw:queue:<model>), redisStreamGroup (none),
+ *   activationTokenRate (0), activationQueueLength (0).
+ * KEDA's own keys (scalerAddress, enableTLS, unsafeSsl, caCert, tlsClientCert,
+ * tlsClientKey, tlsCertFile) are accepted and ignored. */
+#ifndef THAW_METADATA_H
+#define THAW_METADATA_H
+
+#include <stddef.h>
+
+#define METADATA_MAX_VALUE 1024 /* bytes per value; longer is INVALID_ARGUMENT */
+
+struct scaler_spec {
+    char *model;
+    double target_tokens_per_second;
+    double target_queue_length;
+    char *redis_key;
+    char *redis_stream_group; /* NULL when unset */
+    double activation_token_rate;
+    double activation_queue_length;
+};
+
+/* Called for each key neither Thaw's nor KEDA's (so the caller can log it once). */
+typedef void (*metadata_unknown_fn)(void *ud, const char *key);
+
+/* Fills spec (caller storage) from n key/value pairs. Returns 0, or -1 with
+ * err naming the key, e.g. "metadata key 'model' is required",
+ * "metadata key 'targetTokensPerSecond': expected a number > 0, got 'abc'".
+ * On failure spec holds nothing to free. */
+int metadata_parse(const char *const *keys, const char *const *values, size_t n,
+                   struct scaler_spec *spec, metadata_unknown_fn unknown, void *ud, char *err,
+                   size_t errlen);
+void metadata_spec_finish(struct scaler_spec *spec);
+
+/* True when both specs decide the same way (every field equal). */
+int metadata_spec_equal(const struct scaler_spec *a, const struct scaler_spec *b);
+
+/* The metric name reported to KEDA: "thaw-" + model with characters outside
+ * [a-z0-9-] turned into '-', lower-cased, at most 200 bytes. */
+void metadata_metric_name(const char *model, char *out, size_t outlen);
+
+#endif

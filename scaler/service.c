@@ -1,0 +1,458 @@
+#include "service.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <protobuf-c/protobuf-c.h>
+
+#include "alloc.h"
+#include "clock.h"
+#include "expo.h"
+#include "externalscaler.pb-c.h"
+#include "grpc_frame.h"
+#include "grpc_server.h"
+#include "health.pb-c.h"
+#include "log.h"
+#include "metadata.h"
+#include "state.h"
+#include "strmap.h"
+
+#define MAX_UNKNOWN_KEYS_REMEMBERED 1000
+
+enum method_index {
+    M_IS_ACTIVE = 0,
+    M_STREAM_IS_ACTIVE,
+    M_GET_METRIC_SPEC,
+    M_GET_METRICS,
+    M_HEALTH_CHECK,
+    M_COUNT
+};
+
+/* One open StreamIsActive call, listed under its model. */
+struct stream_sub {
+    struct scaler_service *svc;
+    struct grpc_call *call;
+    struct target *target;
+    struct stream_sub *prev, *next;
+};
+
+struct sub_list {
+    struct stream_sub *head;
+};
+
+struct scaler_service {
+    struct scaler_state *st;
+    struct grpc_method methods[M_COUNT];
+    struct strmap *subs_by_model; /* model -> sub_list */
+    struct strmap *unknown_keys;  /* logged once each */
+    size_t nstreams;
+    bool serving;
+    bool in_wake; /* pushes during a wake are done once, by the wake itself */
+    uint64_t pushes_change;
+    uint64_t pushes_wake;
+    uint64_t push_failures;
+};
+
+/* protobuf-c allocates through our wrapper too, so OOM paths are testable. */
+static void *pb_alloc(void *ud, size_t size) { return thaw_malloc(size); }
+static void pb_free(void *ud, void *p) { thaw_free(p); }
+static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
+
+/* ---- helpers ---------------------------------------------------------- */
+
+static void send_packed(struct grpc_call *call, const ProtobufCMessage *msg)
+{
+    size_t len = protobuf_c_message_get_packed_size(msg);
+    uint8_t stackbuf[512];
+    uint8_t *buf = len <= sizeof(stackbuf) ? stackbuf : thaw_malloc(len);
+    if (!buf) {
+        grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    protobuf_c_message_pack(msg, buf);
+    int rc = grpc_call_send(call, buf, len);
+    if (buf != stackbuf)
+        thaw_free(buf);
+    if (rc != 0)
+        grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+}
+
+static void log_unknown_key(void *ud, const char *key)
+{
+    struct scaler_service *svc = ud;
+    if (strmap_get(svc->unknown_keys, key) ||
+        strmap_count(svc->unknown_keys) >= MAX_UNKNOWN_KEYS_REMEMBERED)
+        return;
+    if (strmap_put(svc->unknown_keys, key, svc) == 0) {
+        char q[200];
+        LOG_WARN("metadata_unknown_key", "key=%s note=\"ignored; logged once\"",
+                 log_quote(q, sizeof(q), key));
+    }
+}
+
+/* Parses the ref's metadata and finds its target; finishes the call with the
+ * right status on failure and returns NULL. */
+static struct target *resolve(struct scaler_service *svc, struct grpc_call *call,
+                              const Externalscaler__ScaledObjectRef *ref)
+{
+    if (!ref) {
+        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "scaledObjectRef is required");
+        return NULL;
+    }
+    size_t n = ref->n_scalermetadata;
+    const char **keys = thaw_calloc(n ? n : 1, sizeof(*keys));
+    const char **values = thaw_calloc(n ? n : 1, sizeof(*values));
+    if (!keys || !values) {
+        thaw_free(keys);
+        thaw_free(values);
+        grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        keys[i] = ref->scalermetadata[i]->key;
+        values[i] = ref->scalermetadata[i]->value;
+    }
+    struct scaler_spec spec;
+    char err[256];
+    int rc = metadata_parse(keys, values, n, &spec, log_unknown_key, svc, err, sizeof(err));
+    thaw_free(keys);
+    thaw_free(values);
+    if (rc != 0) {
+        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, err);
+        return NULL;
+    }
+    if (strlen(ref->namespace_) > METADATA_MAX_VALUE || strlen(ref->name) > METADATA_MAX_VALUE) {
+        metadata_spec_finish(&spec);
+        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "name or namespace too long");
+        return NULL;
+    }
+    struct target *t = scaler_state_upsert(svc->st, ref->namespace_, ref->name, &spec,
+                                           clock_mono_ms());
+    metadata_spec_finish(&spec);
+    if (!t)
+        grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return t;
+}
+
+static Externalscaler__ScaledObjectRef *unpack_ref(struct grpc_call *call, const uint8_t *msg,
+                                                   size_t len)
+{
+    Externalscaler__ScaledObjectRef *ref =
+        externalscaler__scaled_object_ref__unpack(&pb_allocator, len, msg);
+    if (!ref)
+        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                         "request is not a valid externalscaler.ScaledObjectRef");
+    return ref;
+}
+
+static void send_active(struct grpc_call *call, bool active)
+{
+    Externalscaler__IsActiveResponse resp = EXTERNALSCALER__IS_ACTIVE_RESPONSE__INIT;
+    resp.result = active;
+    send_packed(call, &resp.base);
+}
+
+/* ---- handlers --------------------------------------------------------- */
+
+static void handle_is_active(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
+{
+    struct scaler_service *svc = ud;
+    Externalscaler__ScaledObjectRef *ref = unpack_ref(call, msg, len);
+    if (!ref)
+        return;
+    struct target *t = resolve(svc, call, ref);
+    externalscaler__scaled_object_ref__free_unpacked(ref, &pb_allocator);
+    if (!t)
+        return;
+    const struct policy_decision *d = target_decision(t);
+    /* An inactive answer built on data older than the limit could scale a
+     * busy model to zero; an error makes KEDA keep the replicas instead. */
+    if (!d->active && target_beyond_staleness(svc->st, t, clock_mono_ms())) {
+        grpc_call_finish(call, GRPC_STATUS_UNAVAILABLE,
+                         "signal sources are stale beyond the limit; refusing to report "
+                         "inactive");
+        return;
+    }
+    send_active(call, d->active);
+    grpc_call_finish(call, GRPC_STATUS_OK, NULL);
+}
+
+static void sub_unlink(struct stream_sub *sub)
+{
+    struct scaler_service *svc = sub->svc;
+    const char *model = target_spec(sub->target)->model;
+    struct sub_list *list = strmap_get(svc->subs_by_model, model);
+    if (sub->prev)
+        sub->prev->next = sub->next;
+    else if (list)
+        list->head = sub->next;
+    if (sub->next)
+        sub->next->prev = sub->prev;
+    if (list && !list->head) {
+        strmap_remove(svc->subs_by_model, model);
+        thaw_free(list);
+    }
+    target_unref(sub->target);
+    svc->nstreams--;
+    thaw_free(sub);
+}
+
+static void stream_cancelled(void *ud, struct grpc_call *call)
+{
+    struct stream_sub *sub = ud;
+    LOG_DEBUG("stream_closed", "peer=%s model=%s", grpc_call_peer(call),
+              target_spec(sub->target)->model);
+    sub_unlink(sub);
+}
+
+static void handle_stream_is_active(void *ud, struct grpc_call *call, const uint8_t *msg,
+                                    size_t len)
+{
+    struct scaler_service *svc = ud;
+    Externalscaler__ScaledObjectRef *ref = unpack_ref(call, msg, len);
+    if (!ref)
+        return;
+    struct target *t = resolve(svc, call, ref);
+    externalscaler__scaled_object_ref__free_unpacked(ref, &pb_allocator);
+    if (!t)
+        return;
+    const char *model = target_spec(t)->model;
+    struct sub_list *list = strmap_get(svc->subs_by_model, model);
+    struct stream_sub *sub = thaw_calloc(1, sizeof(*sub));
+    if (!list) {
+        list = thaw_calloc(1, sizeof(*list));
+        if (list && strmap_put(svc->subs_by_model, model, list) != 0) {
+            thaw_free(list);
+            list = NULL;
+        }
+    }
+    if (!sub || !list) {
+        thaw_free(sub);
+        grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+        return;
+    }
+    sub->svc = svc;
+    sub->call = call;
+    sub->target = t;
+    sub->next = list->head;
+    if (list->head)
+        list->head->prev = sub;
+    list->head = sub;
+    target_ref(t);
+    svc->nstreams++;
+    grpc_call_set_cancel(call, stream_cancelled, sub);
+    LOG_DEBUG("stream_opened", "peer=%s model=%s", grpc_call_peer(call), model);
+    /* The current state at once, so a stream opened during a burst acts now. */
+    if (target_decision(t)->active)
+        send_active(call, true);
+}
+
+static void handle_get_metric_spec(void *ud, struct grpc_call *call, const uint8_t *msg,
+                                   size_t len)
+{
+    struct scaler_service *svc = ud;
+    Externalscaler__ScaledObjectRef *ref = unpack_ref(call, msg, len);
+    if (!ref)
+        return;
+    struct target *t = resolve(svc, call, ref);
+    externalscaler__scaled_object_ref__free_unpacked(ref, &pb_allocator);
+    if (!t)
+        return;
+    char name[256];
+    metadata_metric_name(target_spec(t)->model, name, sizeof(name));
+    Externalscaler__MetricSpec spec = EXTERNALSCALER__METRIC_SPEC__INIT;
+    Externalscaler__MetricSpec *specs[1] = {&spec};
+    Externalscaler__GetMetricSpecResponse resp = EXTERNALSCALER__GET_METRIC_SPEC_RESPONSE__INIT;
+    spec.metricname = name;
+    /* Target 1 per replica: KEDA's AverageValue arithmetic then turns our
+     * metric value into exactly that many replicas. Older KEDA reads the
+     * deprecated integer field, so both are set. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    spec.targetsize = 1;
+#pragma GCC diagnostic pop
+    spec.targetsizefloat = 1.0;
+    resp.n_metricspecs = 1;
+    resp.metricspecs = specs;
+    send_packed(call, &resp.base);
+    grpc_call_finish(call, GRPC_STATUS_OK, NULL);
+}
+
+static void handle_get_metrics(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
+{
+    struct scaler_service *svc = ud;
+    Externalscaler__GetMetricsRequest *req =
+        externalscaler__get_metrics_request__unpack(&pb_allocator, len, msg);
+    if (!req) {
+        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                         "request is not a valid externalscaler.GetMetricsRequest");
+        return;
+    }
+    struct target *t = resolve(svc, call, req->scaledobjectref);
+    if (!t) {
+        externalscaler__get_metrics_request__free_unpacked(req, &pb_allocator);
+        return;
+    }
+    if (target_beyond_staleness(svc->st, t, clock_mono_ms())) {
+        externalscaler__get_metrics_request__free_unpacked(req, &pb_allocator);
+        /* KEDA's `fallback` replicas apply on errors. */
+        grpc_call_finish(call, GRPC_STATUS_UNAVAILABLE,
+                         "signal sources are stale beyond the staleness limit");
+        return;
+    }
+    char name[256];
+    if (req->metricname && *req->metricname)
+        snprintf(name, sizeof(name), "%s", req->metricname);
+    else
+        metadata_metric_name(target_spec(t)->model, name, sizeof(name));
+    externalscaler__get_metrics_request__free_unpacked(req, &pb_allocator);
+
+    long desired = target_decision(t)->desired;
+    Externalscaler__MetricValue value = EXTERNALSCALER__METRIC_VALUE__INIT;
+    Externalscaler__MetricValue *values[1] = {&value};
+    Externalscaler__GetMetricsResponse resp = EXTERNALSCALER__GET_METRICS_RESPONSE__INIT;
+    value.metricname = name;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    value.metricvalue = desired;
+#pragma GCC diagnostic pop
+    value.metricvaluefloat = (double)desired;
+    resp.n_metricvalues = 1;
+    resp.metricvalues = values;
+    send_packed(call, &resp.base);
+    grpc_call_finish(call, GRPC_STATUS_OK, NULL);
+}
+
+static void handle_health_check(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
+{
+    struct scaler_service *svc = ud;
+    Grpc__Health__V1__HealthCheckRequest *req =
+        grpc__health__v1__health_check_request__unpack(&pb_allocator, len, msg);
+    if (!req) {
+        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                         "request is not a valid grpc.health.v1.HealthCheckRequest");
+        return;
+    }
+    bool known = req->service[0] == '\0' || strcmp(req->service, "externalscaler.ExternalScaler") == 0;
+    grpc__health__v1__health_check_request__free_unpacked(req, &pb_allocator);
+    if (!known) {
+        grpc_call_finish(call, GRPC_STATUS_NOT_FOUND, "unknown service");
+        return;
+    }
+    Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
+    resp.status = svc->serving ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
+                               : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
+    send_packed(call, &resp.base);
+    grpc_call_finish(call, GRPC_STATUS_OK, NULL);
+}
+
+/* ---- pushes ------------------------------------------------------------ */
+
+static void push_model(struct scaler_service *svc, const char *model, struct target *only,
+                       bool active, uint64_t *counter)
+{
+    struct sub_list *list = strmap_get(svc->subs_by_model, model);
+    for (struct stream_sub *s = list ? list->head : NULL; s; s = s->next) {
+        if (only && s->target != only)
+            continue;
+        /* grpc_call_send never flushes synchronously, so the list is stable. */
+        send_active(s->call, active);
+        (*counter)++;
+    }
+}
+
+void scaler_service_on_change(void *ud, struct target *t, const struct policy_decision *old,
+                              const struct policy_decision *now)
+{
+    struct scaler_service *svc = ud;
+    if (svc->in_wake || (old && old->active == now->active) || (!old && !now->active))
+        return;
+    push_model(svc, target_spec(t)->model, t, now->active, &svc->pushes_change);
+}
+
+void scaler_service_wake(struct scaler_service *svc, const char *model)
+{
+    svc->in_wake = true;
+    size_t n = scaler_state_wake(svc->st, model, clock_mono_ms());
+    svc->in_wake = false;
+    push_model(svc, model, NULL, true, &svc->pushes_wake);
+    char q[300];
+    LOG_INFO("wake", "model=%s targets=%zu", log_quote(q, sizeof(q), model), n);
+}
+
+/* ---- lifecycle --------------------------------------------------------- */
+
+struct scaler_service *scaler_service_new(void)
+{
+    struct scaler_service *svc = thaw_calloc(1, sizeof(*svc));
+    if (!svc)
+        return NULL;
+    svc->subs_by_model = strmap_new();
+    svc->unknown_keys = strmap_new();
+    if (!svc->subs_by_model || !svc->unknown_keys) {
+        scaler_service_free(svc);
+        return NULL;
+    }
+    svc->serving = true;
+    struct grpc_method m[M_COUNT] = {
+        {"/externalscaler.ExternalScaler/IsActive", handle_is_active, svc},
+        {"/externalscaler.ExternalScaler/StreamIsActive", handle_stream_is_active, svc},
+        {"/externalscaler.ExternalScaler/GetMetricSpec", handle_get_metric_spec, svc},
+        {"/externalscaler.ExternalScaler/GetMetrics", handle_get_metrics, svc},
+        {"/grpc.health.v1.Health/Check", handle_health_check, svc},
+    };
+    memcpy(svc->methods, m, sizeof(m));
+    return svc;
+}
+
+void scaler_service_free(struct scaler_service *svc)
+{
+    if (!svc)
+        return;
+    size_t cur = 0;
+    const char *key;
+    void *value;
+    while (svc->subs_by_model && strmap_next(svc->subs_by_model, &cur, &key, &value)) {
+        struct sub_list *list = value;
+        struct stream_sub *s = list->head;
+        while (s) {
+            struct stream_sub *next = s->next;
+            grpc_call_set_cancel(s->call, NULL, NULL);
+            thaw_free(s);
+            s = next;
+        }
+        thaw_free(list);
+    }
+    strmap_free(svc->subs_by_model);
+    strmap_free(svc->unknown_keys);
+    thaw_free(svc);
+}
+
+void scaler_service_attach(struct scaler_service *svc, struct scaler_state *st) { svc->st = st; }
+
+const struct grpc_method *scaler_service_methods(struct scaler_service *svc, size_t *n)
+{
+    *n = M_COUNT;
+    return svc->methods;
+}
+
+void scaler_service_set_serving(struct scaler_service *svc, bool serving)
+{
+    svc->serving = serving;
+}
+
+size_t scaler_service_stream_count(const struct scaler_service *svc) { return svc->nstreams; }
+
+void scaler_service_write_metrics(const struct scaler_service *svc, struct evbuffer *out)
+{
+    char labels[64];
+    expo_family(out, "thaw_scaler_pushes_total", "counter",
+                "Messages pushed on StreamIsActive streams, by cause.");
+    expo_labels(labels, sizeof(labels), "cause", "wake", (char *)NULL);
+    expo_sample(out, "thaw_scaler_pushes_total", labels, (double)svc->pushes_wake);
+    expo_labels(labels, sizeof(labels), "cause", "decision_change", (char *)NULL);
+    expo_sample(out, "thaw_scaler_pushes_total", labels, (double)svc->pushes_change);
+    expo_family(out, "thaw_scaler_active_streams", "gauge", "Open StreamIsActive streams.");
+    expo_sample(out, "thaw_scaler_active_streams", NULL, (double)svc->nstreams);
+}

@@ -1,0 +1,45 @@
+/* service: the KEDA externalscaler.ExternalScaler and grpc.health.v1.Health
+ * handlers, on top of grpc_server and state.
+ *
+ * Every RPC is answered from memory: metadata parsed, the target found or
+ * created, its last decision returned. StreamIsActive calls stay open and get
+ * a message whenever the target's active state changes, and `true` at once
+ * on a wake message for their model. */
+#ifndef THAW_SERVICE_H
+#define THAW_SERVICE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "policy.h"
+
+struct evbuffer;
+struct grpc_method;
+struct scaler_service;
+struct scaler_state;
+struct target;
+
+struct scaler_service *scaler_service_new(void);
+/* Ends nothing by itself: shut the grpc_server down first. Accepts NULL. */
+void scaler_service_free(struct scaler_service *svc);
+
+/* The state is created after the service (it needs scaler_service_on_change). */
+void scaler_service_attach(struct scaler_service *svc, struct scaler_state *st);
+
+/* Method table for grpc_server_new; valid while the service lives. */
+const struct grpc_method *scaler_service_methods(struct scaler_service *svc, size_t *n);
+
+/* state_change_fn for scaler_state_new (ud = the service). */
+void scaler_service_on_change(void *ud, struct target *t, const struct policy_decision *old,
+                              const struct policy_decision *now);
+
+/* A wake message for model: pushes true on its open streams. */
+void scaler_service_wake(struct scaler_service *svc, const char *model);
+
+/* Health answers NOT_SERVING once this is false (during shutdown). */
+void scaler_service_set_serving(struct scaler_service *svc, bool serving);
+size_t scaler_service_stream_count(const struct scaler_service *svc);
+
+void scaler_service_write_metrics(const struct scaler_service *svc, struct evbuffer *out);
+
+#endif

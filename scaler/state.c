@@ -1,0 +1,775 @@
+#include "state.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/buffer.h>
+#include <jansson.h>
+
+#include "alloc.h"
+#include "expo.h"
+#include "log.h"
+#include "prom_source.h"
+#include "redis_source.h"
+#include "strmap.h"
+
+struct model_sig {
+    char *name;
+    double token_rate;
+    double held;
+    int64_t wake_until_ms;
+    uint64_t wakes;
+    uint64_t decisions[3][POLICY_REASON_COUNT];
+    struct target *targets; /* via target->model_next */
+    size_t ntargets;
+};
+
+struct queue_sig {
+    char *key;
+    char *group;
+    double length;
+    bool measured;
+    bool wrong_type_logged;
+    size_t users; /* targets pointing here */
+};
+
+struct target {
+    char *id; /* ns/name/model */
+    char *ns;
+    char *name;
+    struct scaler_spec spec;
+    struct model_sig *model;
+    struct queue_sig *queue;
+    struct policy_state pstate;
+    struct policy_decision decision;
+    bool decided;
+    int64_t last_seen_ms;
+    int64_t last_change_ms;
+    int refs;
+    struct target *model_prev, *model_next;
+};
+
+struct source_health {
+    bool ever_ok;
+    bool failing;
+    int64_t last_ok_ms;
+    uint64_t updates;
+    uint64_t errors;
+    char last_error[200];
+};
+
+struct scaler_state {
+    struct scaler_state_config cfg;
+    int64_t start_ms;
+    state_change_fn on_change;
+    void *ud;
+    struct strmap *targets; /* id -> target */
+    struct strmap *models;  /* name -> model_sig */
+    struct strmap *queues;  /* key "\x1f" group -> queue_sig */
+    struct source_health src[SOURCE_COUNT];
+    /* The batches in flight, index-aligned with the replies. */
+    struct redis_queue_query *qbatch;
+    struct queue_sig **qbatch_sigs;
+    size_t nqbatch;
+    const char **hbatch;
+    struct model_sig **hbatch_models;
+    size_t nhbatch;
+    uint64_t decision_changes;
+};
+
+static const char *const source_names[SOURCE_COUNT] = {"prometheus", "redis_queue", "redis_held"};
+
+const char *source_to_str(enum source_id s)
+{
+    return (s >= 0 && s < SOURCE_COUNT) ? source_names[s] : "unknown";
+}
+
+struct scaler_state *scaler_state_new(const struct scaler_state_config *cfg, int64_t now_ms,
+                                      state_change_fn on_change, void *ud)
+{
+    struct scaler_state *st = thaw_calloc(1, sizeof(*st));
+    if (!st)
+        return NULL;
+    st->cfg = *cfg;
+    st->start_ms = now_ms;
+    st->on_change = on_change;
+    st->ud = ud;
+    st->targets = strmap_new();
+    st->models = strmap_new();
+    st->queues = strmap_new();
+    if (!st->targets || !st->models || !st->queues) {
+        scaler_state_free(st);
+        return NULL;
+    }
+    return st;
+}
+
+static void target_free(struct target *t)
+{
+    if (!t)
+        return;
+    metadata_spec_finish(&t->spec);
+    thaw_free(t->id);
+    thaw_free(t->ns);
+    thaw_free(t->name);
+    thaw_free(t);
+}
+
+static void model_free(struct model_sig *m)
+{
+    if (!m)
+        return;
+    thaw_free(m->name);
+    thaw_free(m);
+}
+
+static void queue_free(struct queue_sig *q)
+{
+    if (!q)
+        return;
+    thaw_free(q->key);
+    thaw_free(q->group);
+    thaw_free(q);
+}
+
+static void free_batches(struct scaler_state *st)
+{
+    thaw_free(st->qbatch);
+    thaw_free(st->qbatch_sigs);
+    thaw_free(st->hbatch);
+    thaw_free(st->hbatch_models);
+    st->qbatch = NULL;
+    st->qbatch_sigs = NULL;
+    st->hbatch = NULL;
+    st->hbatch_models = NULL;
+    st->nqbatch = st->nhbatch = 0;
+}
+
+void scaler_state_free(struct scaler_state *st)
+{
+    if (!st)
+        return;
+    size_t cur = 0;
+    const char *key;
+    void *value;
+    while (st->targets && strmap_next(st->targets, &cur, &key, &value))
+        target_free(value);
+    cur = 0;
+    while (st->models && strmap_next(st->models, &cur, &key, &value))
+        model_free(value);
+    cur = 0;
+    while (st->queues && strmap_next(st->queues, &cur, &key, &value))
+        queue_free(value);
+    strmap_free(st->targets);
+    strmap_free(st->models);
+    strmap_free(st->queues);
+    free_batches(st);
+    thaw_free(st);
+}
+
+/* ---- deciding --------------------------------------------------------- */
+
+static double effective_held(const struct model_sig *m, int64_t now_ms)
+{
+    double wake = now_ms < m->wake_until_ms ? 1 : 0;
+    return m->held > wake ? m->held : wake;
+}
+
+static bool decision_differs(const struct policy_decision *a, const struct policy_decision *b)
+{
+    return a->desired != b->desired || a->active != b->active || a->reason != b->reason;
+}
+
+static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
+{
+    struct policy_params p = {
+        .target_tokens_per_second = t->spec.target_tokens_per_second,
+        .target_queue_length = t->spec.target_queue_length,
+        .activation_token_rate = t->spec.activation_token_rate,
+        .activation_queue_length = t->spec.activation_queue_length,
+        .scale_down_window_ms = st->cfg.scale_down_window_ms,
+    };
+    struct policy_inputs in = {
+        .token_rate = t->model->token_rate,
+        .queue = t->queue->length,
+        .held = effective_held(t->model, now_ms),
+        .token_rate_stale = st->src[SOURCE_PROMETHEUS].failing,
+        .queue_stale = st->src[SOURCE_REDIS_QUEUE].failing,
+        .held_stale = st->src[SOURCE_REDIS_HELD].failing,
+    };
+    struct policy_decision prev = t->decision;
+    bool had = t->decided;
+    policy_decide(&p, &t->pstate, &in, now_ms, &t->decision);
+    t->decided = true;
+    if (had && !decision_differs(&prev, &t->decision))
+        return;
+    t->last_change_ms = now_ms;
+    st->decision_changes++;
+    t->model->decisions[t->decision.direction][t->decision.reason]++;
+    LOG_INFO("decision",
+             "namespace=%s scaledobject=%s model=%s desired=%ld previous=%ld raw=%ld "
+             "active=%s direction=%s reason=%s token_rate=%.3f queue=%.0f held=%.0f "
+             "stale=%s",
+             t->ns, t->name, t->spec.model, t->decision.desired, had ? prev.desired : 0L,
+             t->decision.raw, t->decision.active ? "true" : "false",
+             policy_direction_to_str(t->decision.direction),
+             policy_reason_to_str(t->decision.reason), in.token_rate, in.queue, in.held,
+             (in.token_rate_stale || in.queue_stale || in.held_stale) ? "true" : "false");
+    if (st->on_change)
+        st->on_change(st->ud, t, had ? &prev : NULL, &t->decision);
+}
+
+static void decide_model(struct scaler_state *st, struct model_sig *m, int64_t now_ms)
+{
+    /* on_change may not add or remove targets, so the list is stable here. */
+    for (struct target *t = m->targets; t; t = t->model_next)
+        decide(st, t, now_ms);
+}
+
+void scaler_state_tick(struct scaler_state *st, int64_t now_ms)
+{
+    size_t cur = 0;
+    const char *key;
+    void *value;
+    while (strmap_next(st->targets, &cur, &key, &value))
+        decide(st, value, now_ms);
+}
+
+/* ---- targets ---------------------------------------------------------- */
+
+static struct model_sig *model_get(struct scaler_state *st, const char *name)
+{
+    struct model_sig *m = strmap_get(st->models, name);
+    if (m)
+        return m;
+    m = thaw_calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    m->name = thaw_strdup(name);
+    if (!m->name || strmap_put(st->models, name, m) != 0) {
+        model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+static int queue_map_key(char *out, size_t outlen, const char *key, const char *group)
+{
+    int n = snprintf(out, outlen, "%s\x1f%s", key, group ? group : "");
+    return (n < 0 || (size_t)n >= outlen) ? -1 : 0;
+}
+
+static struct queue_sig *queue_get(struct scaler_state *st, const char *key, const char *group)
+{
+    char mk[2 * METADATA_MAX_VALUE + 8];
+    if (queue_map_key(mk, sizeof(mk), key, group) != 0)
+        return NULL;
+    struct queue_sig *q = strmap_get(st->queues, mk);
+    if (q)
+        return q;
+    q = thaw_calloc(1, sizeof(*q));
+    if (!q)
+        return NULL;
+    q->key = thaw_strdup(key);
+    q->group = group ? thaw_strdup(group) : NULL;
+    if (!q->key || (group && !q->group) || strmap_put(st->queues, mk, q) != 0) {
+        queue_free(q);
+        return NULL;
+    }
+    return q;
+}
+
+static void model_link(struct model_sig *m, struct target *t)
+{
+    t->model = m;
+    t->model_prev = NULL;
+    t->model_next = m->targets;
+    if (m->targets)
+        m->targets->model_prev = t;
+    m->targets = t;
+    m->ntargets++;
+}
+
+static void model_unlink(struct target *t)
+{
+    struct model_sig *m = t->model;
+    if (t->model_prev)
+        t->model_prev->model_next = t->model_next;
+    else
+        m->targets = t->model_next;
+    if (t->model_next)
+        t->model_next->model_prev = t->model_prev;
+    m->ntargets--;
+    t->model = NULL;
+}
+
+struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, const char *name,
+                                   const struct scaler_spec *spec, int64_t now_ms)
+{
+    char id[3 * METADATA_MAX_VALUE + 8];
+    int n = snprintf(id, sizeof(id), "%s/%s/%s", ns, name, spec->model);
+    if (n < 0 || (size_t)n >= sizeof(id))
+        return NULL;
+    struct target *t = strmap_get(st->targets, id);
+    if (t) {
+        t->last_seen_ms = now_ms;
+        if (metadata_spec_equal(&t->spec, spec))
+            return t;
+        /* The ScaledObject changed: swap the spec and the queue it reads. */
+        struct queue_sig *q = queue_get(st, spec->redis_key, spec->redis_stream_group);
+        struct scaler_spec copy;
+        char err[64];
+        const char *keys[] = {"model", "redisKey", "redisStreamGroup"};
+        const char *vals[] = {spec->model, spec->redis_key,
+                              spec->redis_stream_group ? spec->redis_stream_group : ""};
+        if (!q || metadata_parse(keys, vals, 3, &copy, NULL, NULL, err, sizeof(err)) != 0)
+            return NULL;
+        copy.target_tokens_per_second = spec->target_tokens_per_second;
+        copy.target_queue_length = spec->target_queue_length;
+        copy.activation_token_rate = spec->activation_token_rate;
+        copy.activation_queue_length = spec->activation_queue_length;
+        metadata_spec_finish(&t->spec);
+        t->spec = copy;
+        t->queue->users--;
+        t->queue = q;
+        q->users++;
+        decide(st, t, now_ms);
+        return t;
+    }
+    t = thaw_calloc(1, sizeof(*t));
+    if (!t)
+        return NULL;
+    struct model_sig *m = model_get(st, spec->model);
+    struct queue_sig *q = queue_get(st, spec->redis_key, spec->redis_stream_group);
+    const char *keys[] = {"model", "redisKey", "redisStreamGroup"};
+    const char *vals[] = {spec->model, spec->redis_key,
+                          spec->redis_stream_group ? spec->redis_stream_group : ""};
+    char err[64];
+    t->id = thaw_strdup(id);
+    t->ns = thaw_strdup(ns);
+    t->name = thaw_strdup(name);
+    if (!m || !q || !t->id || !t->ns || !t->name ||
+        metadata_parse(keys, vals, 3, &t->spec, NULL, NULL, err, sizeof(err)) != 0) {
+        target_free(t);
+        return NULL;
+    }
+    t->spec.target_tokens_per_second = spec->target_tokens_per_second;
+    t->spec.target_queue_length = spec->target_queue_length;
+    t->spec.activation_token_rate = spec->activation_token_rate;
+    t->spec.activation_queue_length = spec->activation_queue_length;
+    if (strmap_put(st->targets, id, t) != 0) {
+        target_free(t);
+        return NULL;
+    }
+    policy_state_init(&t->pstate);
+    t->last_seen_ms = now_ms;
+    t->queue = q;
+    q->users++;
+    model_link(m, t);
+    LOG_INFO("target_added", "namespace=%s scaledobject=%s model=%s redis_key=%s targets=%zu",
+             ns, name, spec->model, spec->redis_key, strmap_count(st->targets));
+    decide(st, t, now_ms);
+    return t;
+}
+
+size_t scaler_state_target_count(const struct scaler_state *st) { return strmap_count(st->targets); }
+
+void target_ref(struct target *t) { t->refs++; }
+void target_unref(struct target *t) { t->refs--; }
+const struct policy_decision *target_decision(const struct target *t) { return &t->decision; }
+const struct scaler_spec *target_spec(const struct target *t) { return &t->spec; }
+const char *target_namespace(const struct target *t) { return t->ns; }
+const char *target_name(const struct target *t) { return t->name; }
+
+static bool source_beyond(const struct scaler_state *st, enum source_id s, int64_t now_ms)
+{
+    const struct source_health *h = &st->src[s];
+    if (!h->failing)
+        return false;
+    int64_t since = h->ever_ok ? h->last_ok_ms : st->start_ms;
+    return now_ms - since > st->cfg.staleness_limit_ms;
+}
+
+bool target_beyond_staleness(const struct scaler_state *st, const struct target *t,
+                             int64_t now_ms)
+{
+    (void)t; /* every target reads all three sources */
+    for (int s = 0; s < SOURCE_COUNT; s++)
+        if (source_beyond(st, (enum source_id)s, now_ms))
+            return true;
+    return false;
+}
+
+/* ---- source results --------------------------------------------------- */
+
+static void source_ok(struct scaler_state *st, enum source_id s, int64_t now_ms)
+{
+    struct source_health *h = &st->src[s];
+    if (h->failing)
+        LOG_INFO("source_recovered", "source=%s", source_to_str(s));
+    h->ever_ok = true;
+    h->failing = false;
+    h->last_ok_ms = now_ms;
+    h->updates++;
+}
+
+void scaler_state_source_failed(struct scaler_state *st, enum source_id src, const char *err,
+                                int64_t now_ms)
+{
+    struct source_health *h = &st->src[src];
+    char q[256];
+    h->errors++;
+    if (!h->failing || strcmp(h->last_error, err ? err : "") != 0)
+        LOG_WARN("source_failed", "source=%s error=%s kept_last_good=%s", source_to_str(src),
+                 log_quote(q, sizeof(q), err), h->ever_ok ? "true" : "false");
+    snprintf(h->last_error, sizeof(h->last_error), "%s", err ? err : "");
+    h->failing = true;
+    /* Decisions now carry the stale flag: the fail-safe keeps them from falling. */
+    scaler_state_tick(st, now_ms);
+}
+
+void scaler_state_prom_ok(struct scaler_state *st, const struct prom_sample *samples, size_t n,
+                          int64_t now_ms)
+{
+    size_t cur = 0;
+    const char *key;
+    void *value;
+    /* Absent from the answer means no series: no pods, so no tokens. */
+    while (strmap_next(st->models, &cur, &key, &value))
+        ((struct model_sig *)value)->token_rate = 0;
+    for (size_t i = 0; i < n; i++) {
+        struct model_sig *m = strmap_get(st->models, samples[i].label_value);
+        if (m && samples[i].value > 0 && isfinite(samples[i].value))
+            m->token_rate += samples[i].value; /* duplicate label values: sum */
+    }
+    source_ok(st, SOURCE_PROMETHEUS, now_ms);
+    scaler_state_tick(st, now_ms);
+}
+
+size_t scaler_state_queue_batch(struct scaler_state *st, const struct redis_queue_query **out)
+{
+    size_t n = strmap_count(st->queues);
+    thaw_free(st->qbatch);
+    thaw_free(st->qbatch_sigs);
+    st->qbatch = thaw_calloc(n, sizeof(*st->qbatch));
+    st->qbatch_sigs = thaw_calloc(n, sizeof(*st->qbatch_sigs));
+    st->nqbatch = 0;
+    if (!st->qbatch || !st->qbatch_sigs) {
+        *out = NULL;
+        return 0;
+    }
+    size_t cur = 0;
+    const char *key;
+    void *value;
+    while (strmap_next(st->queues, &cur, &key, &value)) {
+        struct queue_sig *q = value;
+        st->qbatch[st->nqbatch].key = q->key;
+        st->qbatch[st->nqbatch].group = q->group;
+        st->qbatch_sigs[st->nqbatch++] = q;
+    }
+    *out = st->qbatch;
+    return st->nqbatch;
+}
+
+void scaler_state_queue_ok(struct scaler_state *st, const long long *lengths, size_t n,
+                           int64_t now_ms)
+{
+    for (size_t i = 0; i < n && i < st->nqbatch; i++) {
+        struct queue_sig *q = st->qbatch_sigs[i];
+        if (lengths[i] < 0) {
+            if (!q->wrong_type_logged) {
+                char k[300];
+                LOG_WARN("queue_key_unsupported", "key=%s reason=\"not a list, sorted set or "
+                         "stream\"", log_quote(k, sizeof(k), q->key));
+                q->wrong_type_logged = true;
+            }
+            q->length = 0;
+        } else {
+            q->length = (double)lengths[i];
+            q->wrong_type_logged = false;
+        }
+        q->measured = true;
+    }
+    source_ok(st, SOURCE_REDIS_QUEUE, now_ms);
+    scaler_state_tick(st, now_ms);
+}
+
+size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out)
+{
+    size_t n = strmap_count(st->models);
+    thaw_free(st->hbatch);
+    thaw_free(st->hbatch_models);
+    st->hbatch = thaw_calloc(n, sizeof(*st->hbatch));
+    st->hbatch_models = thaw_calloc(n, sizeof(*st->hbatch_models));
+    st->nhbatch = 0;
+    if (!st->hbatch || !st->hbatch_models) {
+        *out = NULL;
+        return 0;
+    }
+    size_t cur = 0;
+    const char *key;
+    void *value;
+    while (strmap_next(st->models, &cur, &key, &value)) {
+        struct model_sig *m = value;
+        st->hbatch[st->nhbatch] = m->name;
+        st->hbatch_models[st->nhbatch++] = m;
+    }
+    *out = st->hbatch;
+    return st->nhbatch;
+}
+
+void scaler_state_held_ok(struct scaler_state *st, const long long *held, size_t n,
+                          int64_t now_ms)
+{
+    for (size_t i = 0; i < n && i < st->nhbatch; i++)
+        st->hbatch_models[i]->held = held[i] > 0 ? (double)held[i] : 0;
+    source_ok(st, SOURCE_REDIS_HELD, now_ms);
+    scaler_state_tick(st, now_ms);
+}
+
+size_t scaler_state_wake(struct scaler_state *st, const char *model, int64_t now_ms)
+{
+    struct model_sig *m = strmap_get(st->models, model);
+    if (!m)
+        return 0;
+    m->wakes++;
+    m->wake_until_ms = now_ms + st->cfg.wake_hold_ms;
+    decide_model(st, m, now_ms);
+    return m->ntargets;
+}
+
+void scaler_state_foreach_model_target(struct scaler_state *st, const char *model,
+                                       void (*fn)(void *ud, struct target *t), void *ud)
+{
+    struct model_sig *m = strmap_get(st->models, model);
+    if (!m)
+        return;
+    for (struct target *t = m->targets; t; t = t->model_next)
+        fn(ud, t);
+}
+
+void scaler_state_gc(struct scaler_state *st, int64_t now_ms)
+{
+    /* Collect first: the maps must not change while iterated. */
+    size_t n = strmap_count(st->targets), ndrop = 0;
+    struct target **drop = n ? thaw_calloc(n, sizeof(*drop)) : NULL;
+    size_t cur = 0;
+    const char *key;
+    void *value;
+    while (drop && strmap_next(st->targets, &cur, &key, &value)) {
+        struct target *t = value;
+        if (t->refs == 0 && now_ms - t->last_seen_ms > st->cfg.target_expiry_ms)
+            drop[ndrop++] = t;
+    }
+    for (size_t i = 0; i < ndrop; i++) {
+        struct target *t = drop[i];
+        LOG_INFO("target_expired", "namespace=%s scaledobject=%s model=%s", t->ns, t->name,
+                 t->spec.model);
+        strmap_remove(st->targets, t->id);
+        t->queue->users--;
+        model_unlink(t);
+        target_free(t);
+    }
+    thaw_free(drop);
+    free_batches(st); /* they may point at what goes next */
+    n = strmap_count(st->queues) + strmap_count(st->models);
+    void **gone = n ? thaw_calloc(n, sizeof(*gone)) : NULL;
+    size_t ngone = 0;
+    cur = 0;
+    while (gone && strmap_next(st->queues, &cur, &key, &value))
+        if (((struct queue_sig *)value)->users == 0)
+            gone[ngone++] = value;
+    for (size_t i = 0; i < ngone; i++) {
+        struct queue_sig *q = gone[i];
+        char mk[2 * METADATA_MAX_VALUE + 8];
+        if (queue_map_key(mk, sizeof(mk), q->key, q->group) == 0)
+            strmap_remove(st->queues, mk);
+        queue_free(q);
+    }
+    ngone = 0;
+    cur = 0;
+    while (gone && strmap_next(st->models, &cur, &key, &value))
+        if (((struct model_sig *)value)->ntargets == 0)
+            gone[ngone++] = value;
+    for (size_t i = 0; i < ngone; i++) {
+        struct model_sig *m = gone[i];
+        strmap_remove(st->models, m->name);
+        model_free(m);
+    }
+    thaw_free(gone);
+}
+
+bool scaler_state_sources_ready(const struct scaler_state *st)
+{
+    for (int s = 0; s < SOURCE_COUNT; s++)
+        if (!st->src[s].ever_ok)
+            return false;
+    return true;
+}
+
+/* ---- exposition ------------------------------------------------------- */
+
+void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *out,
+                                int64_t now_ms)
+{
+    char labels[1024];
+    size_t cur;
+    const char *key;
+    void *value;
+
+    expo_family(out, "thaw_scaler_targets", "gauge", "ScaledObject triggers known to the scaler.");
+    expo_sample(out, "thaw_scaler_targets", NULL, (double)strmap_count(st->targets));
+
+    static const char *const per_target[][3] = {
+        {"thaw_scaler_desired_replicas", "gauge",
+         "Replicas reported to KEDA by GetMetrics (after stabilization and fail-safe)."},
+        {"thaw_scaler_raw_replicas", "gauge", "Replicas the inputs call for right now."},
+        {"thaw_scaler_active", "gauge", "1 when IsActive answers true."},
+        {"thaw_scaler_input_queue_length", "gauge", "Queue length read for the target's key."},
+        {"thaw_scaler_decision_info", "gauge",
+         "Always 1; labels give the reason and direction of the last decision."},
+        {"thaw_scaler_last_decision_change_seconds", "gauge",
+         "Seconds since the target's decision last changed."},
+    };
+    for (size_t f = 0; f < sizeof(per_target) / sizeof(per_target[0]); f++) {
+        expo_family(out, per_target[f][0], per_target[f][1], per_target[f][2]);
+        cur = 0;
+        while (strmap_next(st->targets, &cur, &key, &value)) {
+            const struct target *t = value;
+            double v = 0;
+            if (f == 4) {
+                if (expo_labels(labels, sizeof(labels), "namespace", t->ns, "scaledobject",
+                                t->name, "model", t->spec.model, "reason",
+                                policy_reason_to_str(t->decision.reason), "direction",
+                                policy_direction_to_str(t->decision.direction),
+                                (char *)NULL) < 0)
+                    continue;
+                expo_sample(out, per_target[f][0], labels, 1);
+                continue;
+            }
+            if (expo_labels(labels, sizeof(labels), "namespace", t->ns, "scaledobject", t->name,
+                            "model", t->spec.model, (char *)NULL) < 0)
+                continue;
+            switch (f) {
+            case 0: v = (double)t->decision.desired; break;
+            case 1: v = (double)t->decision.raw; break;
+            case 2: v = t->decision.active ? 1 : 0; break;
+            case 3: v = t->queue->length; break;
+            case 5: v = (double)(now_ms - t->last_change_ms) / 1000.0; break;
+            default: break;
+            }
+            expo_sample(out, per_target[f][0], labels, v);
+        }
+    }
+
+    expo_family(out, "thaw_scaler_input_token_rate", "gauge",
+                "Generation tokens per second per model, from the Prometheus query.");
+    cur = 0;
+    while (strmap_next(st->models, &cur, &key, &value)) {
+        const struct model_sig *m = value;
+        if (expo_labels(labels, sizeof(labels), "model", m->name, (char *)NULL) >= 0)
+            expo_sample(out, "thaw_scaler_input_token_rate", labels, m->token_rate);
+    }
+    expo_family(out, "thaw_scaler_input_held_requests", "gauge",
+                "Requests held by activators per model (a wake counts as one for a while).");
+    cur = 0;
+    while (strmap_next(st->models, &cur, &key, &value)) {
+        const struct model_sig *m = value;
+        if (expo_labels(labels, sizeof(labels), "model", m->name, (char *)NULL) >= 0)
+            expo_sample(out, "thaw_scaler_input_held_requests", labels,
+                        effective_held(m, now_ms));
+    }
+    expo_family(out, "thaw_scaler_wake_messages_total", "counter",
+                "Wake messages received per model.");
+    cur = 0;
+    while (strmap_next(st->models, &cur, &key, &value)) {
+        const struct model_sig *m = value;
+        if (expo_labels(labels, sizeof(labels), "model", m->name, (char *)NULL) >= 0)
+            expo_sample(out, "thaw_scaler_wake_messages_total", labels, (double)m->wakes);
+    }
+    expo_family(out, "thaw_scaler_decisions_total", "counter",
+                "Decision changes per model, by direction and reason.");
+    cur = 0;
+    while (strmap_next(st->models, &cur, &key, &value)) {
+        const struct model_sig *m = value;
+        for (int d = 0; d < 3; d++) {
+            for (int r = 0; r < POLICY_REASON_COUNT; r++) {
+                if (!m->decisions[d][r])
+                    continue;
+                if (expo_labels(labels, sizeof(labels), "model", m->name, "direction",
+                                policy_direction_to_str((enum policy_direction)d), "reason",
+                                policy_reason_to_str((enum policy_reason)r), (char *)NULL) >= 0)
+                    expo_sample(out, "thaw_scaler_decisions_total", labels,
+                                (double)m->decisions[d][r]);
+            }
+        }
+    }
+
+    expo_family(out, "thaw_scaler_source_up", "gauge",
+                "1 when the source's last round trip succeeded.");
+    for (int s = 0; s < SOURCE_COUNT; s++) {
+        expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
+        expo_sample(out, "thaw_scaler_source_up", labels,
+                    (st->src[s].ever_ok && !st->src[s].failing) ? 1 : 0);
+    }
+    expo_family(out, "thaw_scaler_source_errors_total", "counter", "Failed source round trips.");
+    for (int s = 0; s < SOURCE_COUNT; s++) {
+        expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
+        expo_sample(out, "thaw_scaler_source_errors_total", labels, (double)st->src[s].errors);
+    }
+    expo_family(out, "thaw_scaler_source_updates_total", "counter",
+                "Successful source round trips.");
+    for (int s = 0; s < SOURCE_COUNT; s++) {
+        expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
+        expo_sample(out, "thaw_scaler_source_updates_total", labels, (double)st->src[s].updates);
+    }
+    expo_family(out, "thaw_scaler_source_staleness_seconds", "gauge",
+                "Seconds since the source last succeeded (since start if never).");
+    for (int s = 0; s < SOURCE_COUNT; s++) {
+        int64_t since = st->src[s].ever_ok ? st->src[s].last_ok_ms : st->start_ms;
+        expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
+        expo_sample(out, "thaw_scaler_source_staleness_seconds", labels,
+                    (double)(now_ms - since) / 1000.0);
+    }
+}
+
+void scaler_state_write_models_json(const struct scaler_state *st, struct evbuffer *out,
+                                    int64_t now_ms)
+{
+    json_t *arr = json_array();
+    size_t cur = 0;
+    const char *key;
+    void *value;
+    while (arr && strmap_next(st->targets, &cur, &key, &value)) {
+        const struct target *t = value;
+        const struct policy_decision *d = &t->decision;
+        json_t *o = json_pack(
+            "{s:s, s:s, s:s, s:{s:f, s:f, s:f, s:s, s:b, s:b, s:b}, s:I, s:I, s:b, s:s, s:s, "
+            "s:f, s:b, s:{s:f, s:f, s:f, s:f}}",
+            "namespace", t->ns, "scaledObject", t->name, "model", t->spec.model, "inputs",
+            "tokenRate", t->model->token_rate, "queueLength", t->queue->length, "heldRequests",
+            effective_held(t->model, now_ms), "redisKey", t->spec.redis_key, "tokenRateStale",
+            (int)st->src[SOURCE_PROMETHEUS].failing, "queueStale",
+            (int)st->src[SOURCE_REDIS_QUEUE].failing, "heldStale",
+            (int)st->src[SOURCE_REDIS_HELD].failing, "desired", (json_int_t)d->desired, "raw",
+            (json_int_t)d->raw, "active", (int)d->active, "reason",
+            policy_reason_to_str(d->reason), "direction", policy_direction_to_str(d->direction),
+            "secondsSinceChange", (double)(now_ms - t->last_change_ms) / 1000.0,
+            "beyondStalenessLimit", (int)target_beyond_staleness(st, t, now_ms), "targets",
+            "tokensPerSecond", t->spec.target_tokens_per_second, "queueLength",
+            t->spec.target_queue_length, "activationTokenRate", t->spec.activation_token_rate,
+            "activationQueueLength", t->spec.activation_queue_length);
+        if (o)
+            json_array_append_new(arr, o);
+    }
+    char *text = arr ? json_dumps(arr, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
+    if (text) {
+        evbuffer_add(out, text, strlen(text));
+        free(text); /* jansson's allocator */
+    } else {
+        evbuffer_add(out, "[]", 2);
+    }
+    json_decref(arr);
+}

@@ -1,0 +1,104 @@
+/* state: every ScaledObject target the scaler knows, the signals per model
+ * and per queue, and the policy decision of each target. No I/O, no clock:
+ * callers pass time in (monotonic ms), so tests drive it directly.
+ *
+ * A target is one ScaledObject trigger: (namespace, name, model). Signals are
+ * shared: the token rate and held count per model, the queue length per
+ * (redisKey, group). Source results update signals; every update re-decides
+ * the targets it touches and reports changed decisions through on_change. */
+#ifndef THAW_STATE_H
+#define THAW_STATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "metadata.h"
+#include "policy.h"
+
+struct evbuffer;
+struct scaler_state;
+struct target;
+struct prom_sample;
+struct redis_queue_query;
+
+enum source_id { SOURCE_PROMETHEUS = 0, SOURCE_REDIS_QUEUE, SOURCE_REDIS_HELD, SOURCE_COUNT };
+const char *source_to_str(enum source_id s);
+
+struct scaler_state_config {
+    int64_t staleness_limit_ms;   /* GetMetrics fails past this; default 60 s */
+    int64_t scale_down_window_ms; /* policy stabilization */
+    int64_t wake_hold_ms;         /* a wake message counts as one held request this long */
+    int64_t target_expiry_ms;     /* targets not asked about this long are dropped */
+};
+
+/* Reports a changed decision (desired, active or reason), old NULL for a new target. */
+typedef void (*state_change_fn)(void *ud, struct target *t, const struct policy_decision *old,
+                                const struct policy_decision *now);
+
+struct scaler_state *scaler_state_new(const struct scaler_state_config *cfg, int64_t now_ms,
+                                      state_change_fn on_change, void *ud);
+void scaler_state_free(struct scaler_state *st);
+
+/* Finds or creates the target for ns/name/spec->model and refreshes its spec
+ * (copied) and last-seen time. New targets are decided at once. Returns NULL
+ * on allocation failure. */
+struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, const char *name,
+                                   const struct scaler_spec *spec, int64_t now_ms);
+size_t scaler_state_target_count(const struct scaler_state *st);
+
+/* A target with references (open streams) is never expired. */
+void target_ref(struct target *t);
+void target_unref(struct target *t);
+const struct policy_decision *target_decision(const struct target *t);
+const struct scaler_spec *target_spec(const struct target *t);
+const char *target_namespace(const struct target *t);
+const char *target_name(const struct target *t);
+/* True when a source this target depends on has had no success for longer
+ * than the staleness limit (GetMetrics then answers UNAVAILABLE). */
+bool target_beyond_staleness(const struct scaler_state *st, const struct target *t,
+                             int64_t now_ms);
+
+/* Source results. A successful Prometheus result sets every known model's
+ * token rate (models absent from it get 0). */
+void scaler_state_prom_ok(struct scaler_state *st, const struct prom_sample *samples, size_t n,
+                          int64_t now_ms);
+void scaler_state_source_failed(struct scaler_state *st, enum source_id src, const char *err,
+                                int64_t now_ms);
+
+/* Builds the queue batch: one entry per distinct (key, group). The arrays
+ * stay valid until the next call of this function or scaler_state_gc. */
+size_t scaler_state_queue_batch(struct scaler_state *st, const struct redis_queue_query **out);
+/* lengths in the order of the last batch; -1 entries (wrong type) count as 0 and are logged. */
+void scaler_state_queue_ok(struct scaler_state *st, const long long *lengths, size_t n,
+                           int64_t now_ms);
+/* Model names for the held batch, same validity rules. */
+size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out);
+void scaler_state_held_ok(struct scaler_state *st, const long long *held, size_t n,
+                          int64_t now_ms);
+
+/* A wake message: the model counts as holding a request for wake_hold_ms.
+ * Returns the number of targets of that model (0 when unknown). */
+size_t scaler_state_wake(struct scaler_state *st, const char *model, int64_t now_ms);
+
+/* Re-decides every target (time passes: stabilization windows, staleness). */
+void scaler_state_tick(struct scaler_state *st, int64_t now_ms);
+
+/* Drops expired targets and signals nobody uses. Only call when no source
+ * batch is in flight (their arrays are rebuilt afterwards). */
+void scaler_state_gc(struct scaler_state *st, int64_t now_ms);
+
+/* Calls fn for each target of a model (for pushing on streams). */
+void scaler_state_foreach_model_target(struct scaler_state *st, const char *model,
+                                       void (*fn)(void *ud, struct target *t), void *ud);
+
+/* Exposition of inputs, decisions and source health (thaw_scaler_*). */
+void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *out,
+                                int64_t now_ms);
+/* JSON array for /models, appended to out. */
+void scaler_state_write_models_json(const struct scaler_state *st, struct evbuffer *out,
+                                    int64_t now_ms);
+/* True when every source has succeeded at least once. */
+bool scaler_state_sources_ready(const struct scaler_state *st);
+
+#endif

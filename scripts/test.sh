@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs the whole test suite from a clean clone: installs what it needs, builds,
+# then runs every test three ways:
+#   1. the normal build (unit + integration suites, real redis/prometheus/gRPC peers);
+#   2. an ASan+UBSan build (same suites, `asan` test setup);
+#   3. the unit suite under valgrind (`valgrind` test setup).
+# Exits non-zero if anything fails. Bounded: meson's per-test timeouts apply.
+#
+# Environment:
+#   THAW_TEST_QUICK=1   only step 1 (for a fast local loop)
+set -euo pipefail
+
+REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$REPO_ROOT"
+log() { printf '[test] %s\n' "$*" >&2; }
+
+bash scripts/install-deps.sh
+
+setup() { # dir [meson options...]
+  local dir=$1; shift
+  if [ -f "$dir/build.ninja" ]; then
+    meson setup --reconfigure "$dir" "$@" >/dev/null
+  else
+    meson setup "$dir" "$@" >/dev/null
+  fi
+  meson compile -C "$dir"
+}
+
+start=$(date +%s)
+log "normal build: unit and integration suites"
+setup build
+meson test -C build --print-errorlogs --num-processes 2
+
+if [ "${THAW_TEST_QUICK:-0}" != 1 ]; then
+  log "ASan+UBSan build: unit and integration suites"
+  setup build-asan -Db_sanitize=address,undefined -Db_lundef=false --buildtype=debug
+  meson test -C build-asan --setup asan --print-errorlogs --num-processes 2
+
+  log "valgrind: unit suite"
+  meson test -C build --setup valgrind --suite unit --print-errorlogs --num-processes 2
+fi
+log "all tests passed in $(( $(date +%s) - start )) s"

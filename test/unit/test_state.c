@@ -1,0 +1,204 @@
+/* state: targets, shared signals, fail-safe and staleness, driven with fake time. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <event2/buffer.h>
+
+#include "alloc.h"
+#include "prom_source.h"
+#include "redis_source.h"
+#include "state.h"
+
+static int changes;
+static struct policy_decision last_change;
+
+static void on_change(void *ud, struct target *t, const struct policy_decision *old,
+                      const struct policy_decision *now)
+{
+    changes++;
+    last_change = *now;
+}
+
+static const struct scaler_state_config cfg = {
+    .staleness_limit_ms = 10000,
+    .scale_down_window_ms = 0,
+    .wake_hold_ms = 5000,
+    .target_expiry_ms = 60000,
+};
+
+static struct scaler_spec spec_for(const char *model, const char *key)
+{
+    struct scaler_spec s;
+    char err[128];
+    const char *k[] = {"model", "redisKey"};
+    const char *v[] = {model, key};
+    assert_int_equal(metadata_parse(k, v, key ? 2 : 1, &s, NULL, NULL, err, sizeof(err)), 0);
+    return s;
+}
+
+static void test_targets_share_signals(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    struct scaler_spec a = spec_for("m1", NULL);
+    struct scaler_spec b = spec_for("m1", "custom");
+    struct target *t1 = scaler_state_upsert(st, "ns", "so1", &a, 0);
+    struct target *t2 = scaler_state_upsert(st, "ns", "so2", &b, 0);
+    assert_non_null(t1);
+    assert_ptr_equal(scaler_state_upsert(st, "ns", "so1", &a, 10), t1);
+    assert_int_equal(scaler_state_target_count(st), 2);
+
+    struct prom_sample s[] = {{"m1", 1500}, {"other", 9999}};
+    scaler_state_prom_ok(st, s, 2, 100);
+    assert_int_equal(target_decision(t1)->desired, 2);
+    assert_int_equal(target_decision(t2)->desired, 2);
+
+    const struct redis_queue_query *q;
+    size_t nq = scaler_state_queue_batch(st, &q);
+    assert_int_equal(nq, 2); /* two distinct keys */
+    long long lengths[2];
+    for (size_t i = 0; i < nq; i++)
+        lengths[i] = strcmp(q[i].key, "custom") == 0 ? 55 : -1;
+    scaler_state_queue_ok(st, lengths, nq, 200);
+    assert_int_equal(target_decision(t2)->desired, 6);
+    assert_int_equal(target_decision(t2)->reason, POLICY_REASON_QUEUE);
+    assert_int_equal(target_decision(t1)->desired, 2); /* -1 (wrong type) counts as 0 */
+
+    /* A model absent from the next answer has rate 0. */
+    scaler_state_prom_ok(st, NULL, 0, 300);
+    assert_int_equal(target_decision(t1)->desired, 0);
+    assert_false(target_decision(t1)->active);
+    metadata_spec_finish(&a);
+    metadata_spec_finish(&b);
+    scaler_state_free(st);
+}
+
+static void test_held_and_wake(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    struct scaler_spec a = spec_for("m1", NULL);
+    struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    const char *const *models;
+    assert_int_equal(scaler_state_held_batch(st, &models), 1);
+    assert_string_equal(models[0], "m1");
+    long long held = 4;
+    scaler_state_held_ok(st, &held, 1, 10);
+    assert_true(target_decision(t)->active);
+    assert_int_equal(target_decision(t)->reason, POLICY_REASON_HELD);
+    held = 0;
+    scaler_state_held_ok(st, &held, 1, 20);
+    assert_false(target_decision(t)->active);
+
+    changes = 0;
+    assert_int_equal(scaler_state_wake(st, "m1", 1000), 1);
+    assert_int_equal(changes, 1);
+    assert_true(last_change.active);
+    /* A held poll racing the wake does not flip it back... */
+    scaler_state_held_ok(st, &held, 1, 1100);
+    assert_true(target_decision(t)->active);
+    /* ...until the wake hold expires. */
+    scaler_state_tick(st, 6001);
+    assert_false(target_decision(t)->active);
+    assert_int_equal(scaler_state_wake(st, "unknown", 7000), 0);
+    metadata_spec_finish(&a);
+    scaler_state_free(st);
+}
+
+static void test_fail_safe_and_staleness(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    struct scaler_spec a = spec_for("m1", NULL);
+    struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    struct prom_sample s[] = {{"m1", 3000}};
+    scaler_state_prom_ok(st, s, 1, 100);
+    assert_int_equal(target_decision(t)->desired, 3);
+    scaler_state_source_failed(st, SOURCE_PROMETHEUS, "HTTP 503", 1000);
+    assert_int_equal(target_decision(t)->desired, 3);
+    assert_true(target_decision(t)->active);
+    assert_false(target_beyond_staleness(st, t, 10100));
+    assert_true(target_beyond_staleness(st, t, 10101));
+    /* Redis failing too changes nothing in the answer. */
+    scaler_state_source_failed(st, SOURCE_REDIS_HELD, "not connected", 2000);
+    scaler_state_tick(st, 20000);
+    assert_int_equal(target_decision(t)->desired, 3);
+    assert_true(target_decision(t)->active);
+    /* Recovery with fresh data scales down at once (window 0). */
+    scaler_state_prom_ok(st, NULL, 0, 21000);
+    long long held = 0;
+    scaler_state_held_ok(st, &held, 1, 21000);
+    assert_int_equal(target_decision(t)->desired, 0);
+    assert_false(target_beyond_staleness(st, t, 21001));
+
+    struct evbuffer *b = evbuffer_new();
+    scaler_state_write_metrics(st, b, 22000);
+    scaler_state_write_models_json(st, b, 22000);
+    evbuffer_add(b, "", 1);
+    const char *text = (const char *)evbuffer_pullup(b, -1);
+    assert_non_null(strstr(text, "thaw_scaler_source_errors_total{source=\"prometheus\"} 1"));
+    assert_non_null(strstr(text, "thaw_scaler_desired_replicas{namespace=\"ns\",scaledobject=\"so\",model=\"m1\"} 0"));
+    assert_non_null(strstr(text, "\"reason\":\"idle\""));
+    evbuffer_free(b);
+    metadata_spec_finish(&a);
+    scaler_state_free(st);
+}
+
+static void test_spec_change_and_gc(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    struct scaler_spec a = spec_for("m1", "k1");
+    struct scaler_spec b = spec_for("m1", "k2");
+    struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    assert_ptr_equal(scaler_state_upsert(st, "ns", "so", &b, 10), t);
+    assert_string_equal(target_spec(t)->redis_key, "k2");
+    const struct redis_queue_query *q;
+    scaler_state_gc(st, 20);
+    assert_int_equal(scaler_state_queue_batch(st, &q), 1); /* k1 is gone */
+    assert_string_equal(q[0].key, "k2");
+
+    target_ref(t);
+    scaler_state_gc(st, 100000);
+    assert_int_equal(scaler_state_target_count(st), 1); /* streams keep it */
+    target_unref(t);
+    scaler_state_gc(st, 100000);
+    assert_int_equal(scaler_state_target_count(st), 0);
+    assert_int_equal(scaler_state_queue_batch(st, &q), 0);
+    metadata_spec_finish(&a);
+    metadata_spec_finish(&b);
+    scaler_state_free(st);
+}
+
+static void test_out_of_memory_never_crashes(void **unused)
+{
+    struct scaler_spec a = spec_for("m1", NULL);
+    for (long n = 0; n < 40; n++) {
+        alloc_fail_after(n);
+        struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+        if (st) {
+            scaler_state_upsert(st, "ns", "so", &a, 0);
+            const struct redis_queue_query *q;
+            const char *const *m;
+            scaler_state_queue_batch(st, &q);
+            scaler_state_held_batch(st, &m);
+            scaler_state_gc(st, 0);
+        }
+        alloc_fail_after(-1);
+        scaler_state_free(st);
+    }
+    metadata_spec_finish(&a);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_targets_share_signals),
+        cmocka_unit_test(test_held_and_wake),
+        cmocka_unit_test(test_fail_safe_and_staleness),
+        cmocka_unit_test(test_spec_change_and_gc),
+        cmocka_unit_test(test_out_of_memory_never_crashes),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
