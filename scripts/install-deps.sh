@@ -22,7 +22,7 @@ PACKAGES=(
   libnghttp2-dev libevent-dev libjansson-dev libcmocka-dev
   libcurl4-openssl-dev libhiredis-dev libssl-dev
   redis-server prometheus nghttp2-client wrk nginx-light valgrind
-  curl ca-certificates
+  curl ca-certificates jq
 )
 # Packages whose maintainer scripts start a system service. Tests run their own
 # instances on free ports, so a system copy is only in the way.
