@@ -188,6 +188,10 @@ int grpc_call_send(struct grpc_call *call, const uint8_t *msg, size_t len)
 {
     if (call->finished || len > UINT32_MAX)
         return -1;
+    /* A peer that stops reading (or keeps its flow-control window shut) must
+     * not make us buffer without bound. */
+    if (evbuffer_get_length(call->out) + len > call->conn->srv->limits.max_output_buffer)
+        return -1;
     uint8_t hdr[GRPC_FRAME_HEADER_LEN];
     grpc_frame_header(hdr, (uint32_t)len);
     if (evbuffer_add(call->out, hdr, sizeof(hdr)) != 0 ||

@@ -62,7 +62,8 @@ void grpc_server_shutdown(struct grpc_server *srv);
 size_t grpc_server_connection_count(const struct grpc_server *srv);
 
 /* Queues one response message (copied). Returns 0, or -1 if the call is
- * finished or out of memory. */
+ * finished, out of memory, or already has max_output_buffer bytes waiting
+ * for a peer that does not read. */
 int grpc_call_send(struct grpc_call *call, const uint8_t *msg, size_t len);
 /* Ends the call with a status and message (may be NULL); the call handle is
  * invalid afterwards. */

@@ -61,21 +61,29 @@ static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
 
 /* ---- helpers ---------------------------------------------------------- */
 
-static void send_packed(struct grpc_call *call, const ProtobufCMessage *msg)
+/* Returns 0, or -1 when the message could not be queued (out of memory or a
+ * peer that stopped reading); the caller decides how to end the call. */
+static int send_packed(struct grpc_call *call, const ProtobufCMessage *msg)
 {
     size_t len = protobuf_c_message_get_packed_size(msg);
     uint8_t stackbuf[512];
     uint8_t *buf = len <= sizeof(stackbuf) ? stackbuf : thaw_malloc(len);
-    if (!buf) {
-        grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-        return;
-    }
+    if (!buf)
+        return -1;
     protobuf_c_message_pack(msg, buf);
     int rc = grpc_call_send(call, buf, len);
     if (buf != stackbuf)
         thaw_free(buf);
-    if (rc != 0)
-        grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
+    return rc;
+}
+
+/* Unary calls: one message, then OK. */
+static void reply_unary(struct grpc_call *call, const ProtobufCMessage *msg)
+{
+    if (send_packed(call, msg) != 0)
+        grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "could not queue the response");
+    else
+        grpc_call_finish(call, GRPC_STATUS_OK, NULL);
 }
 
 static void log_unknown_key(void *ud, const char *key)
@@ -146,11 +154,11 @@ static Externalscaler__ScaledObjectRef *unpack_ref(struct grpc_call *call, const
     return ref;
 }
 
-static void send_active(struct grpc_call *call, bool active)
+static int send_active(struct grpc_call *call, bool active)
 {
     Externalscaler__IsActiveResponse resp = EXTERNALSCALER__IS_ACTIVE_RESPONSE__INIT;
     resp.result = active;
-    send_packed(call, &resp.base);
+    return send_packed(call, &resp.base);
 }
 
 /* ---- handlers --------------------------------------------------------- */
@@ -174,8 +182,9 @@ static void handle_is_active(void *ud, struct grpc_call *call, const uint8_t *ms
                          "inactive");
         return;
     }
-    send_active(call, d->active);
-    grpc_call_finish(call, GRPC_STATUS_OK, NULL);
+    Externalscaler__IsActiveResponse resp = EXTERNALSCALER__IS_ACTIVE_RESPONSE__INIT;
+    resp.result = d->active;
+    reply_unary(call, &resp.base);
 }
 
 static void sub_unlink(struct stream_sub *sub)
@@ -196,6 +205,15 @@ static void sub_unlink(struct stream_sub *sub)
     target_unref(sub->target);
     svc->nstreams--;
     thaw_free(sub);
+}
+
+/* Ends a stream we can no longer feed; KEDA reopens it with backoff. */
+static void end_stream(struct stream_sub *sub, const char *why)
+{
+    struct grpc_call *call = sub->call;
+    sub->svc->push_failures++;
+    sub_unlink(sub);
+    grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, why);
 }
 
 static void stream_cancelled(void *ud, struct grpc_call *call)
@@ -244,8 +262,8 @@ static void handle_stream_is_active(void *ud, struct grpc_call *call, const uint
     grpc_call_set_cancel(call, stream_cancelled, sub);
     LOG_DEBUG("stream_opened", "peer=%s model=%s", grpc_call_peer(call), model);
     /* The current state at once, so a stream opened during a burst acts now. */
-    if (target_decision(t)->active)
-        send_active(call, true);
+    if (target_decision(t)->active && send_active(call, true) != 0)
+        end_stream(sub, "could not queue the stream message");
 }
 
 static void handle_get_metric_spec(void *ud, struct grpc_call *call, const uint8_t *msg,
@@ -275,8 +293,7 @@ static void handle_get_metric_spec(void *ud, struct grpc_call *call, const uint8
     spec.targetsizefloat = 1.0;
     resp.n_metricspecs = 1;
     resp.metricspecs = specs;
-    send_packed(call, &resp.base);
-    grpc_call_finish(call, GRPC_STATUS_OK, NULL);
+    reply_unary(call, &resp.base);
 }
 
 static void handle_get_metrics(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
@@ -320,8 +337,7 @@ static void handle_get_metrics(void *ud, struct grpc_call *call, const uint8_t *
     value.metricvaluefloat = (double)desired;
     resp.n_metricvalues = 1;
     resp.metricvalues = values;
-    send_packed(call, &resp.base);
-    grpc_call_finish(call, GRPC_STATUS_OK, NULL);
+    reply_unary(call, &resp.base);
 }
 
 static void handle_health_check(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
@@ -343,8 +359,7 @@ static void handle_health_check(void *ud, struct grpc_call *call, const uint8_t 
     Grpc__Health__V1__HealthCheckResponse resp = GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__INIT;
     resp.status = svc->serving ? GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__SERVING
                                : GRPC__HEALTH__V1__HEALTH_CHECK_RESPONSE__SERVING_STATUS__NOT_SERVING;
-    send_packed(call, &resp.base);
-    grpc_call_finish(call, GRPC_STATUS_OK, NULL);
+    reply_unary(call, &resp.base);
 }
 
 /* ---- pushes ------------------------------------------------------------ */
@@ -353,12 +368,22 @@ static void push_model(struct scaler_service *svc, const char *model, struct tar
                        bool active, uint64_t *counter)
 {
     struct sub_list *list = strmap_get(svc->subs_by_model, model);
-    for (struct stream_sub *s = list ? list->head : NULL; s; s = s->next) {
-        if (only && s->target != only)
-            continue;
-        /* grpc_call_send never flushes synchronously, so the list is stable. */
-        send_active(s->call, active);
-        (*counter)++;
+    struct stream_sub *s = list ? list->head : NULL;
+    while (s) {
+        /* grpc_call_send never flushes synchronously, so only end_stream
+         * changes the list here, and it frees nothing but s. */
+        struct stream_sub *next = s->next;
+        bool last = next == NULL;
+        if (!only || s->target == only) {
+            if (send_active(s->call, active) == 0) {
+                (*counter)++;
+            } else {
+                end_stream(s, "stream consumer is not reading");
+                if (last) /* the list itself may be gone with its last entry */
+                    break;
+            }
+        }
+        s = next;
     }
 }
 
@@ -453,6 +478,9 @@ void scaler_service_write_metrics(const struct scaler_service *svc, struct evbuf
     expo_sample(out, "thaw_scaler_pushes_total", labels, (double)svc->pushes_wake);
     expo_labels(labels, sizeof(labels), "cause", "decision_change", (char *)NULL);
     expo_sample(out, "thaw_scaler_pushes_total", labels, (double)svc->pushes_change);
+    expo_family(out, "thaw_scaler_push_failures_total", "counter",
+                "Streams ended because a push could not be queued (peer not reading).");
+    expo_sample(out, "thaw_scaler_push_failures_total", NULL, (double)svc->push_failures);
     expo_family(out, "thaw_scaler_active_streams", "gauge", "Open StreamIsActive streams.");
     expo_sample(out, "thaw_scaler_active_streams", NULL, (double)svc->nstreams);
 }
