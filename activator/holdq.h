@@ -1,0 +1,68 @@
+/* holdq: the per-model queue of held requests, pure (no I/O, time passed in).
+ *
+ * Three FIFOs, one per tier; pop takes the highest tier first, then arrival
+ * order. Bounded by count and bytes: when an entry does not fit, lower-tier
+ * entries can be shed to make room (holdq_victim), newest of the lowest tier
+ * first, so high-priority traffic is shed last. Nodes are intrusive: the
+ * caller embeds a struct holdq_node in its request and owns its memory.
+ *
+ * Deadlines: pop_expired looks at the head of each tier. Entries of one model
+ * share a hold timeout, so each FIFO is in deadline order; after a reload
+ * that changes the timeout, an entry may wait behind an older, longer one
+ * until that one expires (bounded by the old timeout). */
+#ifndef THAW_HOLDQ_H
+#define THAW_HOLDQ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+
+struct holdq_node {
+    struct holdq_node *prev, *next;
+    enum tier tier;
+    size_t bytes;
+    int64_t enqueued_ms;
+    int64_t deadline_ms;
+    bool queued;
+};
+
+struct holdq {
+    struct holdq_node *head[TIER_COUNT], *tail[TIER_COUNT];
+    size_t count;
+    size_t count_by_tier[TIER_COUNT];
+    size_t bytes;
+    size_t max_count;
+    size_t max_bytes;
+};
+
+void holdq_init(struct holdq *q, size_t max_count, size_t max_bytes);
+void holdq_set_limits(struct holdq *q, size_t max_count, size_t max_bytes);
+
+/* True if an entry of `bytes` fits within both bounds now. */
+bool holdq_fits(const struct holdq *q, size_t bytes);
+
+/* The entry to shed so that an entry of `tier` and `bytes` may fit: the
+ * newest entry of the lowest tier strictly below `tier`. NULL when it fits
+ * already or nothing lower-tier is queued. Does not remove it. */
+struct holdq_node *holdq_victim(const struct holdq *q, enum tier tier, size_t bytes);
+
+/* Appends n (not checking bounds: callers check holdq_fits first). */
+void holdq_push(struct holdq *q, struct holdq_node *n, enum tier tier, size_t bytes,
+                int64_t now_ms, int64_t deadline_ms);
+/* Puts n back at the head of its tier, keeping its times (a released request
+ * that has to wait again keeps its place). Bounds are not checked. */
+void holdq_push_front(struct holdq *q, struct holdq_node *n);
+
+/* Removes and returns the next entry to release, or NULL. */
+struct holdq_node *holdq_pop(struct holdq *q);
+/* Removes and returns an entry whose deadline is <= now, or NULL. */
+struct holdq_node *holdq_pop_expired(struct holdq *q, int64_t now_ms);
+/* Unlinks n if queued (no-op otherwise). */
+void holdq_remove(struct holdq *q, struct holdq_node *n);
+
+/* Earliest deadline among the tier heads, INT64_MAX when empty. */
+int64_t holdq_next_deadline(const struct holdq *q);
+
+#endif

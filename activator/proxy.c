@@ -1,0 +1,2191 @@
+#include "proxy.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+
+#include <event2/buffer.h>
+#include <event2/dns.h>
+#include <event2/event.h>
+#include <event2/listener.h>
+#include <event2/util.h>
+
+#include "alloc.h"
+#include "backend.h"
+#include "clock.h"
+#include "conn.h"
+#include "expo.h"
+#include "holdq.h"
+#include "http1.h"
+#include "log.h"
+#include "model_sm.h"
+#include "redis_link.h"
+#include "route.h"
+
+#define TICK_MS 100
+#define REDIS_REFRESH_MS 1000
+#define UPSTREAM_HEAD_MAX 65536
+#define MAX_SENT_RETRIES 2
+
+enum req_state {
+    RS_ROUTING,    /* reading the body start to find the model */
+    RS_DISPATCH,   /* between steps (no I/O pending) */
+    RS_HELD,       /* in its model's hold queue */
+    RS_CONNECTING, /* fresh upstream connection under way; nothing sent */
+    RS_UPSTREAM,   /* request sent (or being sent); response awaited or streaming */
+};
+
+struct model_rt;
+struct client;
+
+struct req {
+    struct client *cl;
+    struct model_rt *m;
+    enum req_state state;
+    /* request head */
+    bool head_method;
+    bool body_method; /* POST/PUT/PATCH: send Content-Length: 0 when bodiless */
+    int version_minor;
+    bool keep_alive;
+    bool need_host;
+    char *host;            /* Host value (for routing), or NULL */
+    struct evbuffer *head; /* upstream head, without framing fields and blank line */
+    /* request body */
+    enum http1_body body_kind;
+    uint64_t body_len;  /* Content-Length */
+    uint64_t body_left; /* Content-Length bytes still to read */
+    struct http1_chunked chunk;
+    bool body_done;
+    uint64_t body_read;    /* decoded bytes read */
+    struct evbuffer *body; /* decoded body read but not yet sent (kept for replay) */
+    bool up_chunked;
+    bool replayable; /* the whole request is in head + body */
+    /* hold */
+    struct holdq_node hq;
+    enum tier tier;
+    bool was_held;
+    int64_t cold_ms; /* time held, -1 if never */
+    bool stream;
+    struct event *heartbeat;
+    bool early_head; /* an SSE head was sent while held */
+    /* upstream */
+    struct endpoint *ep;
+    struct conn *up;
+    bool up_reused;
+    int sent_retries;
+    bool resp_started;
+    bool resp_head_done;
+    int resp_status;
+    struct http1_scan rscan;
+    enum http1_body resp_body;
+    uint64_t resp_left;
+    struct http1_chunked rchunk;
+    bool resp_keep_alive;
+    bool client_chunked;
+    bool close_after;
+    bool resp_paused;
+    bool body_paused;
+    int64_t t_start_us;
+    int64_t t_dispatch_us;
+};
+
+struct client {
+    struct proxy *px;
+    struct client *prev, *next;
+    struct conn *c;
+    struct event *timer;
+    struct event *kick;
+    char ip[INET6_ADDRSTRLEN];
+    struct http1_scan scan;
+    bool in_head;
+    bool closing;
+    bool dead;
+    struct req *req;
+};
+
+struct model_rt {
+    struct proxy *px;
+    char *name;
+    const struct model_config *mc;
+    struct model_sm sm;
+    struct holdq hq;
+    struct backend *be;
+    struct event *hold_timer;
+    unsigned inflight;
+    uint64_t outcomes[PROXY_OUTCOME_COUNT];
+    uint64_t wake_signals; /* PUBLISHes sent */
+    uint64_t wakes;        /* wake actions, sent or not */
+    bool wake_pending;
+    bool held_published;
+    bool removed;
+    struct expo_histogram hold_hist;
+    struct expo_histogram ttfb_hist;
+    struct expo_histogram head_hist;
+    struct model_rt *next_removed;
+};
+
+struct old_config {
+    struct config *cfg;
+    struct old_config *next;
+};
+
+struct proxy {
+    struct event_base *base;
+    struct config *cfg;
+    struct old_config *old_cfgs;
+    struct model_rt **models;
+    size_t nmodels;
+    struct model_rt *removed;
+    struct evdns_base *dns;
+    struct redis_link *redis;
+    struct evconnlistener *listener;
+    int port;
+    struct client *clients;
+    size_t nclients;
+    struct event *tick;
+    int64_t last_redis_ms;
+    struct event *drain_timer;
+    bool draining;
+    bool drain_deadline_passed;
+    void (*drain_done)(void *ud);
+    void *drain_ud;
+    bool drain_done_called;
+    uint64_t accepted;
+    uint64_t unrouted[PROXY_OUTCOME_COUNT];
+    uint64_t connections;
+    bool freeing;
+    struct conn_flusher *flusher;
+    /* Parse results live only during one call on this one thread. */
+    struct http1_request *scratch_req;
+    struct http1_response *scratch_resp;
+    struct route_table *routes; /* index over cfg */
+};
+
+static const char *const outcome_names[PROXY_OUTCOME_COUNT] = {
+    "ok",           "bad_request",   "body_too_large", "headers_too_large", "header_timeout",
+    "model_not_found", "hold_full",  "shed",           "draining",          "hold_timeout",
+    "bad_gateway",  "aborted",       "client_closed",  "internal_error",
+};
+
+const char *proxy_outcome_to_str(enum proxy_outcome o)
+{
+    if ((int)o < 0 || o >= PROXY_OUTCOME_COUNT)
+        return "unknown";
+    return outcome_names[o];
+}
+
+static void client_close(struct client *cl);
+static void client_next(struct client *cl);
+static void client_process(struct client *cl);
+static void req_forward(struct req *r);
+static void req_hold(struct req *r);
+static void model_dispatch(struct req *r, enum model_event ev);
+static void model_apply(struct model_rt *m, unsigned act);
+static void release_held(struct model_rt *m);
+static void arm_hold_timer(struct model_rt *m);
+static void publish_held(struct model_rt *m);
+static void check_drained(struct proxy *px);
+static void pump_to_upstream(struct req *r);
+static void send_heartbeat_head(struct req *r);
+static void commit_sent(struct req *r);
+static void disarm_timer(struct client *cl);
+
+static int64_t now_ms(void) { return clock_mono_ms(); }
+
+static void tv_ms(struct timeval *tv, long ms)
+{
+    tv->tv_sec = ms / 1000;
+    tv->tv_usec = (ms % 1000) * 1000;
+}
+
+/* ---- error responses ---- */
+
+static const char *reason_for(int status)
+{
+    switch (status) {
+    case 100: return "Continue";
+    case 200: return "OK";
+    case 400: return "Bad Request";
+    case 404: return "Not Found";
+    case 408: return "Request Timeout";
+    case 413: return "Content Too Large";
+    case 417: return "Expectation Failed";
+    case 431: return "Request Header Fields Too Large";
+    case 500: return "Internal Server Error";
+    case 501: return "Not Implemented";
+    case 502: return "Bad Gateway";
+    case 503: return "Service Unavailable";
+    case 504: return "Gateway Timeout";
+    case 505: return "HTTP Version Not Supported";
+    }
+    return "Error";
+}
+
+/* Appends s as the inside of a JSON string. */
+static void json_escape_into(struct evbuffer *out, const char *s)
+{
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+        if (*p == '"' || *p == '\\')
+            evbuffer_add_printf(out, "\\%c", *p);
+        else if (*p < 0x20)
+            evbuffer_add_printf(out, "\\u%04x", *p);
+        else
+            evbuffer_add(out, p, 1);
+    }
+}
+
+static bool is_server_error(int status) { return status >= 500; }
+
+/* Writes an OpenAI-shaped error response. */
+static void write_error(struct client *cl, int status, const char *code, const char *msg,
+                        bool close, bool chunked_sse)
+{
+    struct evbuffer *out = conn_output(cl->c);
+    struct evbuffer *body = evbuffer_new();
+    if (!body) {
+        client_close(cl);
+        return;
+    }
+    evbuffer_add_printf(body, "{\"error\":{\"message\":\"");
+    json_escape_into(body, msg);
+    evbuffer_add_printf(body, "\",\"type\":\"%s\",\"param\":null,\"code\":\"%s\"}}",
+                        is_server_error(status) ? "server_error" : "invalid_request_error", code);
+    if (chunked_sse) {
+        /* The SSE head already went out while the request was held: the error
+         * travels as an event, then the stream ends. */
+        size_t n = evbuffer_get_length(body);
+        evbuffer_add_printf(out, "%zx\r\ndata: ", n + 8);
+        evbuffer_add_buffer(out, body);
+        evbuffer_add(out, "\n\n\r\n0\r\n\r\n", 9);
+        evbuffer_free(body);
+        return;
+    }
+    evbuffer_add_printf(out, "HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+                             "Content-Length: %zu\r\n",
+                        status, reason_for(status), evbuffer_get_length(body));
+    if (status == 503)
+        evbuffer_add_printf(out, "Retry-After: %ld\r\n", cl->px->cfg->limits.retry_after_seconds);
+    evbuffer_add_printf(out, "Connection: %s\r\n\r\n", close ? "close" : "keep-alive");
+    evbuffer_add_buffer(out, body);
+    evbuffer_free(body);
+}
+
+/* ---- request lifetime ---- */
+
+static struct req *req_of_node(struct holdq_node *n)
+{
+    return (struct req *)(void *)((char *)n - offsetof(struct req, hq));
+}
+
+static void count_outcome(struct proxy *px, struct model_rt *m, enum proxy_outcome o)
+{
+    if (m)
+        m->outcomes[o]++;
+    else
+        px->unrouted[o]++;
+}
+
+/* Detaches the upstream side: pools the connection if reuse, else closes it. */
+static void up_release(struct req *r, bool reuse)
+{
+    if (r->up) {
+        if (reuse && r->ep) {
+            endpoint_pool_give(r->ep, r->up);
+        } else {
+            conn_free(r->up);
+        }
+        r->up = NULL;
+    }
+    if (r->ep) {
+        struct endpoint *ep = r->ep;
+        r->ep = NULL;
+        r->m->inflight--;
+        endpoint_release(ep);
+    }
+}
+
+static void req_free(struct req *r)
+{
+    if (!r)
+        return;
+    if (r->hq.queued && r->m) {
+        holdq_remove(&r->m->hq, &r->hq);
+        arm_hold_timer(r->m);
+    }
+    up_release(r, false);
+    if (r->heartbeat)
+        event_free(r->heartbeat);
+    if (r->head)
+        evbuffer_free(r->head);
+    if (r->body)
+        evbuffer_free(r->body);
+    thaw_free(r->host);
+    thaw_free(r);
+}
+
+/* Ends r with outcome o. The response (if any) is already in the output. */
+static void req_end(struct req *r, enum proxy_outcome o, bool close)
+{
+    struct client *cl = r->cl;
+    struct model_rt *m = r->m;
+    count_outcome(cl->px, m, o);
+    if (!r->body_done)
+        close = true; /* unread body bytes would be taken for the next request */
+    cl->req = NULL;
+    req_free(r);
+    if (close || cl->px->draining)
+        client_close(cl);
+    else
+        client_next(cl);
+    /* A finished request may free capacity for one that waits. */
+    if (m && m->hq.count > 0 && !cl->px->freeing)
+        release_held(m);
+}
+
+static enum proxy_outcome outcome_for_status(int status)
+{
+    switch (status) {
+    case 413:
+        return OUT_BODY_TOO_LARGE;
+    case 431:
+        return OUT_HEADERS_TOO_LARGE;
+    case 408:
+        return OUT_HEADER_TIMEOUT;
+    case 404:
+        return OUT_MODEL_NOT_FOUND;
+    case 500:
+        return OUT_INTERNAL;
+    default:
+        return OUT_BAD_REQUEST;
+    }
+}
+
+/* Answers r with an error of ours and ends it. */
+static void req_fail(struct req *r, int status, enum proxy_outcome o, const char *code,
+                     const char *msg)
+{
+    bool close = !r->body_done || status == 400 || status == 413 || status == 431 ||
+                 r->cl->px->draining;
+    up_release(r, false);
+    if (r->resp_head_done && !r->early_head) {
+        /* Too late for a status: all we can do is cut the connection. */
+        req_end(r, OUT_ABORTED, true);
+        return;
+    }
+    write_error(r->cl, status, code, msg, close, r->early_head);
+    req_end(r, o, close);
+}
+
+/* ---- response path (upstream -> client) ---- */
+
+static void add_chunk(struct evbuffer *out, const void *data, size_t len)
+{
+    if (len == 0)
+        return;
+    evbuffer_add_printf(out, "%zx\r\n", len);
+    evbuffer_add(out, data, len);
+    evbuffer_add(out, "\r\n", 2);
+}
+
+static void add_chunk_buffer(struct evbuffer *out, struct evbuffer *src, size_t len)
+{
+    if (len == 0)
+        return;
+    evbuffer_add_printf(out, "%zx\r\n", len);
+    evbuffer_remove_buffer(src, out, len);
+    evbuffer_add(out, "\r\n", 2);
+}
+
+static void write_client_head(struct req *r, const struct http1_response *h)
+{
+    struct evbuffer *out = conn_output(r->cl->c);
+    bool body = h->body == HTTP1_BODY_LENGTH || h->body == HTTP1_BODY_CHUNKED ||
+                h->body == HTTP1_BODY_UNTIL_CLOSE;
+    r->client_chunked = (h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_UNTIL_CLOSE) &&
+                        r->version_minor >= 1;
+    if ((h->body == HTTP1_BODY_CHUNKED || h->body == HTTP1_BODY_UNTIL_CLOSE) && !r->client_chunked)
+        r->close_after = true; /* HTTP/1.0 client: the end of body is the close */
+    if (!r->keep_alive || !r->body_done || r->cl->px->draining)
+        r->close_after = true;
+    if (r->early_head) {
+        /* Our SSE head (chunked) went out already; only the body follows. A
+         * backend answer that is not a 200 becomes an SSE error event. */
+        r->client_chunked = true;
+        return;
+    }
+    evbuffer_add_printf(out, "HTTP/1.1 %d %.*s\r\n", h->status, (int)h->reason_len, h->reason);
+    for (size_t i = 0; i < h->num_headers; i++) {
+        const struct http1_header *f = &h->headers[i];
+        if (http1_is_hop_by_hop(f->name, f->name_len, h->conn_tokens, h->num_conn_tokens))
+            continue;
+        if (body && http1_eq_nocase(f->name, f->name_len, "content-length"))
+            continue;
+        evbuffer_add(out, f->name, f->name_len);
+        evbuffer_add(out, ": ", 2);
+        evbuffer_add(out, f->value, f->value_len);
+        evbuffer_add(out, "\r\n", 2);
+    }
+    if (h->body == HTTP1_BODY_LENGTH)
+        evbuffer_add_printf(out, "Content-Length: %llu\r\n", (unsigned long long)h->content_length);
+    else if (r->client_chunked)
+        evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
+    if (r->cold_ms >= 0)
+        evbuffer_add_printf(out, "X-Thaw-Cold-Start-Ms: %lld\r\n", (long long)r->cold_ms);
+    if (r->close_after)
+        evbuffer_add_printf(out, "Connection: close\r\n");
+    else if (r->version_minor == 0)
+        evbuffer_add_printf(out, "Connection: keep-alive\r\n");
+    evbuffer_add(out, "\r\n", 2);
+}
+
+/* Parses the upstream response head. Returns 1 when done, 0 for more, -1 on
+ * a bad answer (r has been failed). */
+static int parse_resp_head(struct req *r)
+{
+    struct evbuffer *in = conn_input(r->up);
+    static const struct http1_limits lim = {UPSTREAM_HEAD_MAX, HTTP1_MAX_HEADERS};
+    for (;;) {
+        size_t len = evbuffer_get_length(in);
+        if (len == 0)
+            return 0;
+        size_t n = len < UPSTREAM_HEAD_MAX + 16 ? len : UPSTREAM_HEAD_MAX + 16;
+        const char *buf = (const char *)evbuffer_pullup(in, (ssize_t)n);
+        struct http1_response *h = r->cl->px->scratch_resp;
+        if (!buf) {
+            req_fail(r, 500, OUT_INTERNAL, "internal_error", "out of memory");
+            return -1;
+        }
+        ssize_t rc = http1_parse_response(&r->rscan, buf, n, &lim, r->head_method, h);
+        if (rc == HTTP1_INCOMPLETE)
+            return 0;
+        if (rc < 0 || h->status == 101) {
+            LOG_WARN("upstream_bad_response", "model=%s endpoint=%s err=\"%s\"", r->m->name,
+                     r->ep ? endpoint_label(r->ep) : "-",
+                     rc < 0 ? http1_strerror((int)rc) : "unexpected 101");
+            req_fail(r, 502, OUT_BAD_GATEWAY, "bad_gateway", "the model server sent an invalid response");
+            return -1;
+        }
+        if (h->status < 200) {
+            /* Interim (100 Continue, 103): we answered Expect ourselves. */
+            evbuffer_drain(in, (size_t)rc);
+            http1_scan_init(&r->rscan);
+            continue;
+        }
+        r->resp_status = h->status;
+        r->resp_body = h->body;
+        r->resp_left = h->content_length;
+        r->resp_keep_alive = h->keep_alive;
+        http1_chunked_init(&r->rchunk);
+        write_client_head(r, h);
+        bool early = r->early_head;
+        bool sse_ok = h->status == 200;
+        evbuffer_drain(in, (size_t)rc);
+        r->resp_head_done = true;
+        int64_t now = clock_mono_us();
+        expo_histogram_observe(&r->m->ttfb_hist, (double)(now - r->t_dispatch_us) / 1e6);
+        expo_histogram_observe(&r->m->head_hist, (double)(now - r->t_start_us) / 1e6);
+        if (early && !sse_ok) {
+            char msg[96];
+            snprintf(msg, sizeof(msg), "the model server answered %d", r->resp_status);
+            r->resp_head_done = false; /* lets req_fail write the SSE error */
+            req_fail(r, 502, OUT_BAD_GATEWAY, "bad_gateway", msg);
+            return -1;
+        }
+        return 1;
+    }
+}
+
+/* Moves response body bytes to the client. Returns 1 when the body is
+ * complete, 0 for more, -1 on a framing error. */
+static int pump_response(struct req *r)
+{
+    struct evbuffer *in = conn_input(r->up);
+    struct evbuffer *out = conn_output(r->cl->c);
+    switch (r->resp_body) {
+    case HTTP1_BODY_NONE:
+        return 1;
+    case HTTP1_BODY_LENGTH: {
+        size_t len = evbuffer_get_length(in);
+        size_t n = (uint64_t)len < r->resp_left ? len : (size_t)r->resp_left;
+        if (r->client_chunked) /* only after an early SSE head */
+            add_chunk_buffer(out, in, n);
+        else
+            evbuffer_remove_buffer(in, out, n);
+        r->resp_left -= n;
+        return r->resp_left == 0 ? 1 : 0;
+    }
+    case HTTP1_BODY_UNTIL_CLOSE: {
+        size_t len = evbuffer_get_length(in);
+        if (r->client_chunked)
+            add_chunk_buffer(out, in, len);
+        else
+            evbuffer_remove_buffer(in, out, len);
+        return 0;
+    }
+    case HTTP1_BODY_CHUNKED:
+        for (;;) {
+            size_t len = evbuffer_get_length(in);
+            if (len == 0)
+                return 0;
+            size_t n = len < 65536 ? len : 65536;
+            const char *p = (const char *)evbuffer_pullup(in, (ssize_t)n);
+            size_t off, dlen;
+            ssize_t used = http1_chunked_decode(&r->rchunk, p, n, &off, &dlen);
+            if (used < 0)
+                return -1;
+            if (dlen > 0) {
+                if (r->client_chunked)
+                    add_chunk(out, p + off, dlen);
+                else
+                    evbuffer_add(out, p + off, dlen);
+            }
+            evbuffer_drain(in, (size_t)used);
+            if (http1_chunked_done(&r->rchunk)) {
+                if (r->client_chunked)
+                    evbuffer_add(out, "0\r\n\r\n", 5);
+                return 1;
+            }
+            if (used == 0)
+                return 0;
+        }
+    }
+    return -1;
+}
+
+static void req_complete(struct req *r)
+{
+    if (r->early_head && (r->resp_body == HTTP1_BODY_LENGTH || r->resp_body == HTTP1_BODY_NONE))
+        evbuffer_add(conn_output(r->cl->c), "0\r\n\r\n", 5);
+    struct evbuffer *upout = conn_output(r->up);
+    bool reuse = r->resp_keep_alive && r->body_done && evbuffer_get_length(upout) == 0 &&
+                 evbuffer_get_length(conn_input(r->up)) == 0;
+    up_release(r, reuse);
+    req_end(r, OUT_OK, r->close_after);
+}
+
+static void check_resp_backpressure(struct req *r)
+{
+    struct proxy *px = r->cl->px;
+    size_t lim = (size_t)px->cfg->limits.buffer_bytes;
+    if (!r->resp_paused && evbuffer_get_length(conn_output(r->cl->c)) >= lim) {
+        r->resp_paused = true;
+        conn_disable_read(r->up);
+    }
+}
+
+static void up_read_cb(struct conn *c, void *arg)
+{
+    (void)c;
+    struct req *r = arg;
+    if (r->state != RS_UPSTREAM)
+        return;
+    r->resp_started = true;
+    if (!r->resp_head_done) {
+        int rc = parse_resp_head(r);
+        if (rc <= 0)
+            return;
+    }
+    int st = pump_response(r);
+    if (st < 0) {
+        LOG_WARN("upstream_bad_chunk", "model=%s", r->m->name);
+        up_release(r, false);
+        req_end(r, OUT_ABORTED, true);
+        return;
+    }
+    if (st == 1) {
+        req_complete(r);
+        return;
+    }
+    check_resp_backpressure(r);
+}
+
+/* The upstream output drained: send more of the request body. */
+static void up_write_cb(struct conn *c, void *arg)
+{
+    (void)c;
+    struct req *r = arg;
+    if (r->state == RS_UPSTREAM && !r->body_done)
+        pump_to_upstream(r);
+}
+
+/* The connection failed before any response byte. */
+static void retry_upstream(struct req *r, bool mark_down)
+{
+    struct endpoint *ep = r->ep;
+    conn_free(r->up);
+    r->up = NULL;
+    r->ep = NULL;
+    r->m->inflight--;
+    r->state = RS_DISPATCH;
+    if (mark_down)
+        endpoint_mark_down(ep); /* may move the model to waking */
+    endpoint_release(ep);
+    model_dispatch(r, MEV_RETRY);
+}
+
+static void up_event_cb(struct conn *c, int what, int err, void *arg)
+{
+    struct req *r = arg;
+    if (what & CONN_CONNECTED) {
+        conn_set_timeout(c, 0);
+        r->state = RS_UPSTREAM;
+        commit_sent(r);
+        pump_to_upstream(r);
+        return;
+    }
+    if (r->resp_head_done) {
+        if (r->resp_body == HTTP1_BODY_UNTIL_CLOSE && (what & CONN_EOF)) {
+            pump_response(r);
+            if (r->client_chunked)
+                evbuffer_add(conn_output(r->cl->c), "0\r\n\r\n", 5);
+            r->resp_keep_alive = false;
+            req_complete(r);
+            return;
+        }
+        LOG_WARN("upstream_truncated", "model=%s endpoint=%s", r->m->name, endpoint_label(r->ep));
+        up_release(r, false);
+        req_end(r, OUT_ABORTED, true);
+        return;
+    }
+    bool connecting = r->state == RS_CONNECTING;
+    LOG_DEBUG("upstream_failed", "model=%s endpoint=%s connecting=%d reused=%d what=0x%x err=%d",
+              r->m->name, endpoint_label(r->ep), connecting, r->up_reused, what, err);
+    if (connecting) {
+        /* Refused, reset or timed out before a byte was sent: the scale-down
+         * race. The endpoint is down; the request waits for it again. */
+        retry_upstream(r, true);
+        return;
+    }
+    if (!r->resp_started && r->replayable && r->sent_retries < MAX_SENT_RETRIES) {
+        /* A pooled connection the backend had closed, or a fresh one cut
+         * before any answer: the whole request is still here, resend it. */
+        r->sent_retries++;
+        retry_upstream(r, !r->up_reused);
+        return;
+    }
+    LOG_WARN("upstream_error", "model=%s endpoint=%s err=\"%s\"", r->m->name,
+             endpoint_label(r->ep), evutil_socket_error_to_string(err));
+    req_fail(r, 502, OUT_BAD_GATEWAY, "bad_gateway", "the model server closed the connection");
+}
+
+/* ---- request path (client -> upstream) ---- */
+
+/* Moves request body bytes from the client's input into dst: decoded, or
+ * framed as chunks when chunked. Stops once dst holds limit bytes. Returns 0
+ * or the HTTP status to fail with. */
+static int pump_body(struct req *r, struct evbuffer *dst, bool chunked, size_t limit)
+{
+    struct client *cl = r->cl;
+    struct evbuffer *in = conn_input(cl->c);
+    uint64_t max_body = (uint64_t)cl->px->cfg->limits.max_body_bytes;
+    while (!r->body_done && evbuffer_get_length(dst) < limit) {
+        size_t avail = evbuffer_get_length(in);
+        if (avail == 0)
+            break;
+        if (r->body_kind == HTTP1_BODY_LENGTH) {
+            size_t room = limit - evbuffer_get_length(dst);
+            size_t n = avail < room ? avail : room;
+            if ((uint64_t)n > r->body_left)
+                n = (size_t)r->body_left;
+            evbuffer_remove_buffer(in, dst, n);
+            r->body_left -= n;
+            r->body_read += n;
+            if (r->body_left == 0)
+                r->body_done = true;
+            continue;
+        }
+        size_t n = avail < 65536 ? avail : 65536;
+        const char *p = (const char *)evbuffer_pullup(in, (ssize_t)n);
+        size_t off, dlen;
+        ssize_t used = http1_chunked_decode(&r->chunk, p, n, &off, &dlen);
+        if (used < 0)
+            return 400;
+        if (dlen > 0) {
+            if (r->body_read + dlen > max_body)
+                return 413;
+            r->body_read += dlen;
+            if (chunked)
+                add_chunk(dst, p + off, dlen);
+            else
+                evbuffer_add(dst, p + off, dlen);
+        }
+        evbuffer_drain(in, (size_t)used);
+        if (http1_chunked_done(&r->chunk)) {
+            r->body_done = true;
+            if (chunked)
+                evbuffer_add(dst, "0\r\n\r\n", 5);
+        }
+        if (used == 0)
+            break;
+    }
+    return 0;
+}
+
+static void pump_to_upstream(struct req *r)
+{
+    if (r->state != RS_UPSTREAM || r->body_done || !r->up)
+        return;
+    struct proxy *px = r->cl->px;
+    int st = pump_body(r, conn_output(r->up), r->up_chunked,
+                       (size_t)px->cfg->limits.buffer_bytes);
+    if (st != 0) {
+        req_fail(r, st, st == 413 ? OUT_BODY_TOO_LARGE : OUT_BAD_REQUEST,
+                 st == 413 ? "request_too_large" : "bad_request",
+                 st == 413 ? "request body too large" : "malformed chunked body");
+    }
+}
+
+/* Writes the request to the upstream connection. Head and body stay in r
+ * when the request is replayable (the whole of it is buffered). */
+static void send_request(struct req *r)
+{
+    struct evbuffer *out = conn_output(r->up);
+    size_t hl = evbuffer_get_length(r->head);
+    evbuffer_add(out, evbuffer_pullup(r->head, -1), hl);
+    if (r->need_host)
+        evbuffer_add_printf(out, "Host: %s\r\n", endpoint_host_header(r->ep));
+    r->replayable = r->body_done;
+    r->up_chunked = false;
+    if (r->body_kind == HTTP1_BODY_NONE) {
+        if (r->body_method)
+            evbuffer_add_printf(out, "Content-Length: 0\r\n");
+    } else if (r->body_done) {
+        evbuffer_add_printf(out, "Content-Length: %zu\r\n", evbuffer_get_length(r->body));
+    } else if (r->body_kind == HTTP1_BODY_LENGTH) {
+        evbuffer_add_printf(out, "Content-Length: %llu\r\n", (unsigned long long)r->body_len);
+    } else {
+        evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
+        r->up_chunked = true;
+    }
+    evbuffer_add(out, "\r\n", 2);
+    /* The body start is copied, not moved: if a fresh connection is refused,
+     * the request goes out again from r (see commit_sent). */
+    size_t bl = evbuffer_get_length(r->body);
+    if (r->up_chunked)
+        add_chunk(out, evbuffer_pullup(r->body, -1), bl);
+    else
+        evbuffer_add(out, evbuffer_pullup(r->body, -1), bl);
+    r->resp_started = false;
+    r->resp_head_done = false;
+    http1_scan_init(&r->rscan);
+}
+
+/* The connection is up and the request is leaving: a request that cannot be
+ * replayed no longer needs its copy of the body start. */
+static void commit_sent(struct req *r)
+{
+    if (!r->replayable)
+        evbuffer_drain(r->body, evbuffer_get_length(r->body));
+}
+
+static void up_setup(struct req *r)
+{
+    struct proxy *px = r->cl->px;
+    size_t lim = (size_t)px->cfg->limits.buffer_bytes;
+    /* The whole response head must fit in the input, whatever bufferBytes is. */
+    size_t rd = lim > UPSTREAM_HEAD_MAX + 1024 ? lim : UPSTREAM_HEAD_MAX + 1024;
+    conn_setcb(r->up, up_read_cb, up_write_cb, up_event_cb, r);
+    conn_set_read_high(r->up, rd);
+    conn_set_write_low(r->up, lim / 2);
+    conn_enable_read(r->up);
+}
+
+static void req_forward(struct req *r)
+{
+    struct model_rt *m = r->m;
+    struct proxy *px = m->px;
+    struct endpoint *ep = backend_pick(m->be);
+    if (!ep) {
+        /* Every endpoint is at its concurrency cap: wait in line. */
+        req_hold(r);
+        return;
+    }
+    endpoint_acquire(ep);
+    r->ep = ep;
+    m->inflight++;
+    r->t_dispatch_us = clock_mono_us();
+    struct conn *c = endpoint_pool_take(ep);
+    if (c) {
+        r->up = c;
+        r->up_reused = true;
+        r->state = RS_UPSTREAM;
+        send_request(r);
+        commit_sent(r);
+        up_setup(r);
+        pump_to_upstream(r);
+        return;
+    }
+    r->up_reused = false;
+    socklen_t alen;
+    const struct sockaddr *sa = endpoint_addr(ep, &alen);
+    c = conn_connect(px->base, px->flusher, sa, alen);
+    if (!c) {
+        /* Local failure (no socket or memory): not the backend's doing. */
+        LOG_ERROR("upstream_socket_failed", "model=%s endpoint=%s err=\"%s\"", m->name,
+                  endpoint_label(ep), strerror(errno));
+        req_fail(r, 502, OUT_BAD_GATEWAY, "bad_gateway", "could not open a connection");
+        return;
+    }
+    r->up = c;
+    r->state = RS_CONNECTING;
+    /* Bytes queued before the connection completes leave only once it does,
+     * so a refusal means nothing was sent. */
+    send_request(r);
+    up_setup(r);
+    conn_set_timeout(c, px->cfg->limits.connect_timeout_ms);
+}
+
+/* ---- hold ---- */
+
+static void heartbeat_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct req *r = arg;
+    if (r->state != RS_HELD)
+        return;
+    struct evbuffer *out = conn_output(r->cl->c);
+    if (!r->early_head)
+        send_heartbeat_head(r);
+    static const char beat[] = ": thaw: model is starting\n\n";
+    add_chunk(out, beat, sizeof(beat) - 1);
+    struct timeval tv;
+    tv_ms(&tv, r->m->mc->sse_heartbeat_ms);
+    evtimer_add(r->heartbeat, &tv);
+}
+
+static void send_heartbeat_head(struct req *r)
+{
+    struct evbuffer *out = conn_output(r->cl->c);
+    evbuffer_add_printf(out, "HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n"
+                             "Cache-Control: no-cache\r\nTransfer-Encoding: chunked\r\n"
+                             "X-Thaw-Heartbeat: 1\r\n%s\r\n",
+                        r->keep_alive && r->body_done ? "" : "Connection: close\r\n");
+    r->early_head = true;
+    r->close_after = !r->keep_alive || !r->body_done;
+}
+
+static void req_hold(struct req *r)
+{
+    struct model_rt *m = r->m;
+    int64_t now = now_ms();
+    size_t was = m->hq.count;
+    if (r->was_held) {
+        holdq_push_front(&m->hq, &r->hq);
+        if (r->heartbeat) {
+            struct timeval tv;
+            tv_ms(&tv, m->mc->sse_heartbeat_ms);
+            evtimer_add(r->heartbeat, &tv);
+        }
+    } else {
+        size_t bytes = sizeof(*r) + evbuffer_get_length(r->head) + evbuffer_get_length(r->body);
+        while (!holdq_fits(&m->hq, bytes)) {
+            struct holdq_node *v = holdq_victim(&m->hq, r->tier, bytes);
+            if (!v)
+                break;
+            struct req *victim = req_of_node(v);
+            holdq_remove(&m->hq, v);
+            LOG_INFO("request_shed", "model=%s tier=%s for=%s", m->name, tier_to_str(victim->tier),
+                     tier_to_str(r->tier));
+            req_fail(victim, 503, OUT_SHED, "shed",
+                     "the model is starting and capacity went to higher-priority requests");
+        }
+        if (!holdq_fits(&m->hq, bytes)) {
+            req_fail(r, 503, OUT_HOLD_FULL, "hold_queue_full",
+                     "the model is starting and too many requests are waiting for it");
+            return;
+        }
+        holdq_push(&m->hq, &r->hq, r->tier, bytes, now, now + m->mc->hold_timeout_ms);
+        r->was_held = true;
+        if (r->stream && m->mc->sse_heartbeat_ms > 0 && r->version_minor >= 1) {
+            r->heartbeat = evtimer_new(m->px->base, heartbeat_cb, r);
+            if (r->heartbeat) {
+                struct timeval tv;
+                tv_ms(&tv, m->mc->sse_heartbeat_ms);
+                evtimer_add(r->heartbeat, &tv);
+            }
+        }
+    }
+    r->state = RS_HELD;
+    arm_hold_timer(m);
+    if (was == 0)
+        publish_held(m); /* the first held request is news for the scaler now */
+}
+
+static void hold_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct model_rt *m = arg;
+    int64_t now = now_ms();
+    struct holdq_node *n;
+    while ((n = holdq_pop_expired(&m->hq, now))) {
+        struct req *r = req_of_node(n);
+        expo_histogram_observe(&m->hold_hist, (double)(now - n->enqueued_ms) / 1000.0);
+        LOG_INFO("hold_timeout", "model=%s held_ms=%lld", m->name,
+                 (long long)(now - n->enqueued_ms));
+        req_fail(r, 504, OUT_HOLD_TIMEOUT, "hold_timeout",
+                 "the model did not become ready within the hold timeout");
+    }
+    arm_hold_timer(m);
+}
+
+static void arm_hold_timer(struct model_rt *m)
+{
+    int64_t d = holdq_next_deadline(&m->hq);
+    if (d == INT64_MAX) {
+        evtimer_del(m->hold_timer);
+        return;
+    }
+    int64_t wait = d - now_ms();
+    struct timeval tv;
+    tv_ms(&tv, wait > 0 ? (long)wait : 0);
+    evtimer_add(m->hold_timer, &tv);
+}
+
+static bool can_forward(const struct model_rt *m)
+{
+    return m->sm.state == MODEL_READY || (m->sm.state == MODEL_DRAINING && m->sm.backend_up);
+}
+
+static void release_held(struct model_rt *m)
+{
+    if (!can_forward(m))
+        return;
+    int64_t now = now_ms();
+    size_t released = 0;
+    while (m->hq.count > 0 && can_forward(m)) {
+        if (backend_capacity(m->be) == 0)
+            break;
+        struct holdq_node *n = holdq_pop(&m->hq);
+        struct req *r = req_of_node(n);
+        r->cold_ms = now - n->enqueued_ms;
+        if (r->heartbeat)
+            evtimer_del(r->heartbeat);
+        expo_histogram_observe(&m->hold_hist, (double)r->cold_ms / 1000.0);
+        released++;
+        r->state = RS_DISPATCH;
+        req_forward(r);
+    }
+    if (released)
+        LOG_INFO("released", "model=%s count=%zu left=%zu", m->name, released, m->hq.count);
+    arm_hold_timer(m);
+}
+
+/* ---- models ---- */
+
+static void send_wake(struct model_rt *m)
+{
+    struct proxy *px = m->px;
+    m->wakes++;
+    if (px->redis && redis_link_wake(px->redis, m->name) == 0) {
+        m->wake_signals++;
+        m->wake_pending = false;
+        LOG_INFO("wake_signal", "model=%s", m->name);
+    } else {
+        m->wake_pending = true; /* sent when Redis is back, if still wanted */
+        LOG_INFO("wake_signal_deferred", "model=%s", m->name);
+    }
+}
+
+static void model_wake_with(struct model_rt *m)
+{
+    struct proxy *px = m->px;
+    for (size_t i = 0; i < m->mc->nwake_with; i++) {
+        int idx = config_model_index(px->cfg, m->mc->wake_with[i]);
+        if (idx < 0 || px->models[idx] == m)
+            continue;
+        struct model_rt *o = px->models[idx];
+        /* Only a cold model reacts, so wakeWith cycles end. */
+        unsigned act = model_sm_handle(&o->sm, MEV_WAKE, now_ms(), o->hq.count);
+        model_apply(o, act);
+    }
+}
+
+static void model_apply(struct model_rt *m, unsigned act)
+{
+    if (act & MACT_PROBE_START)
+        backend_probe_start(m->be);
+    if (act & MACT_PROBE_STOP)
+        backend_probe_stop(m->be);
+    if (act & MACT_WAKE_SIGNAL) {
+        send_wake(m);
+        model_wake_with(m);
+    }
+    if (act & MACT_RELEASE)
+        release_held(m);
+}
+
+static void model_dispatch(struct req *r, enum model_event ev)
+{
+    struct model_rt *m = r->m;
+    unsigned act = model_sm_handle(&m->sm, ev, now_ms(), m->hq.count);
+    /* The request first, so the held count already includes it when the
+     * wake signal and held count go out. */
+    if (act & MACT_FORWARD)
+        req_forward(r);
+    else if (act & MACT_HOLD)
+        req_hold(r);
+    else if (act & MACT_REJECT)
+        req_fail(r, 503, OUT_DRAINING, "draining", "the activator is shutting down");
+    model_apply(m, act);
+}
+
+static void on_backend_healthy(void *ud)
+{
+    struct model_rt *m = ud;
+    unsigned act = model_sm_handle(&m->sm, MEV_PROBE_OK, now_ms(), m->hq.count);
+    model_apply(m, act);
+}
+
+static void on_backend_down(void *ud, enum backend_down_reason why)
+{
+    struct model_rt *m = ud;
+    enum model_event ev = why == BACKEND_DOWN_REQUEST ? MEV_BACKEND_DOWN : MEV_ENDPOINTS_GONE;
+    unsigned act = model_sm_handle(&m->sm, ev, now_ms(), m->hq.count);
+    model_apply(m, act);
+}
+
+static void publish_held(struct model_rt *m)
+{
+    struct proxy *px = m->px;
+    if (!px->redis || !redis_link_up(px->redis))
+        return;
+    size_t n = m->hq.count;
+    if (n == 0 && !m->held_published)
+        return;
+    if (redis_link_held(px->redis, m->name, n, clock_unix_ms()) == 0)
+        m->held_published = n > 0;
+}
+
+static void model_free(struct model_rt *m)
+{
+    if (!m)
+        return;
+    backend_free(m->be);
+    if (m->hold_timer)
+        event_free(m->hold_timer);
+    expo_histogram_finish(&m->hold_hist);
+    expo_histogram_finish(&m->ttfb_hist);
+    expo_histogram_finish(&m->head_hist);
+    thaw_free(m->name);
+    thaw_free(m);
+}
+
+static struct model_rt *model_new(struct proxy *px, const struct model_config *mc)
+{
+    struct model_rt *m = thaw_calloc(1, sizeof(*m));
+    if (!m)
+        return NULL;
+    m->px = px;
+    m->mc = mc;
+    m->name = thaw_strdup(mc->name);
+    m->hold_timer = evtimer_new(px->base, hold_timer_cb, m);
+    holdq_init(&m->hq, (size_t)mc->max_held_requests, (size_t)mc->max_held_bytes);
+    if (!m->name || !m->hold_timer ||
+        expo_histogram_init(&m->hold_hist, expo_buckets_slow, expo_buckets_slow_len) < 0 ||
+        expo_histogram_init(&m->ttfb_hist, expo_buckets_fast, expo_buckets_fast_len) < 0 ||
+        expo_histogram_init(&m->head_hist, expo_buckets_slow, expo_buckets_slow_len) < 0) {
+        model_free(m);
+        return NULL;
+    }
+    model_sm_init(&m->sm, m->name, mc->hold_timeout_ms, now_ms());
+    static const struct backend_callbacks cbs = {on_backend_healthy, on_backend_down};
+    m->be = backend_new(px->base, px->dns, mc, &px->cfg->limits, &cbs, m);
+    if (!m->be) {
+        model_free(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* ---- routing ---- */
+
+static void route_and_admit(struct req *r)
+{
+    struct proxy *px = r->cl->px;
+    int idx = -1;
+    bool invalid = false, named = false;
+    struct route_json_info info;
+    size_t bl = evbuffer_get_length(r->body);
+    if (bl > 0) {
+        const char *p = (const char *)evbuffer_pullup(r->body, -1);
+        enum route_json_result res = route_json_scan(p, bl, &info);
+        if (res == ROUTE_JSON_FOUND) {
+            named = true;
+            r->stream = info.stream;
+            idx = route_table_lookup(px->routes, info.model);
+        } else if (res == ROUTE_JSON_INVALID) {
+            invalid = true;
+        }
+    }
+    if (idx < 0 && !named && r->host)
+        idx = route_by_host(px->cfg, r->host, strlen(r->host));
+    if (idx < 0) {
+        char msg[400];
+        if (named) {
+            snprintf(msg, sizeof(msg), "The model `%s` does not exist.", info.model);
+        } else if (invalid) {
+            req_fail(r, 400, OUT_BAD_REQUEST, "invalid_json",
+                     "could not read a string \"model\" from the JSON request body");
+            return;
+        } else {
+            snprintf(msg, sizeof(msg), "no model named in the request body and no model "
+                                       "serves this host");
+        }
+        req_fail(r, 404, OUT_MODEL_NOT_FOUND, "model_not_found", msg);
+        return;
+    }
+    r->m = px->models[idx];
+    r->state = RS_DISPATCH;
+    model_dispatch(r, MEV_REQUEST);
+}
+
+static void disarm_timer(struct client *cl) { evtimer_del(cl->timer); }
+
+static void arm_timer(struct client *cl, long ms)
+{
+    struct timeval tv;
+    tv_ms(&tv, ms);
+    evtimer_add(cl->timer, &tv);
+}
+
+/* Reads the body start (bounded) so the model can be read from it. */
+static void route_phase(struct req *r)
+{
+    struct proxy *px = r->cl->px;
+    size_t lim = (size_t)px->cfg->limits.route_body_bytes;
+    int st = pump_body(r, r->body, false, lim);
+    if (st != 0) {
+        disarm_timer(r->cl);
+        req_fail(r, st, st == 413 ? OUT_BODY_TOO_LARGE : OUT_BAD_REQUEST,
+                 st == 413 ? "request_too_large" : "bad_request",
+                 st == 413 ? "request body too large" : "malformed chunked body");
+        return;
+    }
+    if (!r->body_done && evbuffer_get_length(r->body) < lim)
+        return;
+    disarm_timer(r->cl);
+    route_and_admit(r);
+}
+
+/* ---- request heads ---- */
+
+static bool method_is(const struct http1_request *h, const char *m)
+{
+    return h->method_len == strlen(m) && memcmp(h->method, m, h->method_len) == 0;
+}
+
+static enum tier tier_for(struct proxy *px, const struct http1_request *h)
+{
+    const struct http1_header *auth = http1_find(h->headers, h->num_headers, "authorization");
+    if (auth && px->cfg->napi_keys > 0 && auth->value_len > 7 &&
+        http1_eq_nocase(auth->value, 7, "bearer ")) {
+        const char *key = auth->value + 7;
+        size_t kl = auth->value_len - 7;
+        for (size_t i = 0; i < px->cfg->napi_keys; i++) {
+            if (strlen(px->cfg->api_keys[i].key) == kl &&
+                memcmp(px->cfg->api_keys[i].key, key, kl) == 0)
+                return px->cfg->api_keys[i].tier;
+        }
+    }
+    const struct http1_header *prio = http1_find(h->headers, h->num_headers, "x-thaw-priority");
+    if (prio) {
+        int t = tier_parse(prio->value, prio->value_len);
+        if (t >= 0)
+            return (enum tier)t;
+    }
+    return TIER_NORMAL;
+}
+
+static int build_req(struct client *cl, const struct http1_request *h, struct req *r)
+{
+    struct proxy *px = cl->px;
+    r->cl = cl;
+    r->cold_ms = -1;
+    r->head_method = method_is(h, "HEAD");
+    r->body_method = method_is(h, "POST") || method_is(h, "PUT") || method_is(h, "PATCH");
+    r->version_minor = h->version_minor;
+    r->keep_alive = h->keep_alive;
+    r->body_kind = h->body;
+    r->body_len = h->content_length;
+    r->body_left = h->content_length;
+    r->body_done = h->body == HTTP1_BODY_NONE;
+    http1_chunked_init(&r->chunk);
+    r->tier = tier_for(px, h);
+    r->t_start_us = clock_mono_us();
+    r->head = evbuffer_new();
+    r->body = evbuffer_new();
+    if (!r->head || !r->body)
+        return -1;
+    if (h->host && !(r->host = thaw_strndup(h->host->value, h->host->value_len)))
+        return -1;
+    r->need_host = h->host == NULL;
+    struct evbuffer *o = r->head;
+    evbuffer_add(o, h->method, h->method_len);
+    evbuffer_add(o, " ", 1);
+    evbuffer_add(o, h->target, h->target_len);
+    evbuffer_add(o, " HTTP/1.1\r\n", 11);
+    const struct http1_header *xff = NULL;
+    for (size_t i = 0; i < h->num_headers; i++) {
+        const struct http1_header *f = &h->headers[i];
+        if (http1_is_hop_by_hop(f->name, f->name_len, h->conn_tokens, h->num_conn_tokens) ||
+            http1_eq_nocase(f->name, f->name_len, "content-length") ||
+            http1_eq_nocase(f->name, f->name_len, "expect") ||
+            http1_eq_nocase(f->name, f->name_len, "x-thaw-priority"))
+            continue;
+        if (http1_eq_nocase(f->name, f->name_len, "x-forwarded-for")) {
+            xff = f;
+            continue;
+        }
+        evbuffer_add(o, f->name, f->name_len);
+        evbuffer_add(o, ": ", 2);
+        evbuffer_add(o, f->value, f->value_len);
+        evbuffer_add(o, "\r\n", 2);
+    }
+    evbuffer_add(o, "X-Forwarded-For: ", 17);
+    if (xff) {
+        /* Several X-Forwarded-For fields form one list, in order. */
+        for (size_t i = 0; i < h->num_headers; i++) {
+            const struct http1_header *f = &h->headers[i];
+            if (http1_eq_nocase(f->name, f->name_len, "x-forwarded-for") && f->value_len > 0) {
+                evbuffer_add(o, f->value, f->value_len);
+                evbuffer_add(o, ", ", 2);
+            }
+        }
+    }
+    evbuffer_add_printf(o, "%s\r\n", cl->ip);
+    return 0;
+}
+
+/* Answers a request that failed before it had a req (parse errors). */
+static void fail_head(struct client *cl, int status, const char *code, const char *msg)
+{
+    cl->in_head = false;
+    disarm_timer(cl);
+    count_outcome(cl->px, NULL, outcome_for_status(status));
+    write_error(cl, status, code, msg, true, false);
+    client_close(cl);
+}
+
+/* Tries to read a request head. Returns 1 when a request was created, 0
+ * when more bytes are needed, -1 when the connection is done. */
+static int try_head(struct client *cl)
+{
+    struct proxy *px = cl->px;
+    const struct limits_config *lim = &px->cfg->limits;
+    struct evbuffer *in = conn_input(cl->c);
+    size_t len = evbuffer_get_length(in);
+    if (len == 0)
+        return 0;
+    if (!cl->in_head) {
+        cl->in_head = true;
+        px->accepted++;
+        http1_scan_init(&cl->scan);
+        arm_timer(cl, lim->header_timeout_ms);
+    }
+    size_t max = (size_t)lim->max_header_bytes;
+    size_t n = len < max + 1024 ? len : max + 1024;
+    const char *buf = (const char *)evbuffer_pullup(in, (ssize_t)n);
+    struct http1_request *h = px->scratch_req;
+    if (!buf) {
+        fail_head(cl, 500, "internal_error", "out of memory");
+        return -1;
+    }
+    struct http1_limits hl = {max, (size_t)lim->max_headers};
+    ssize_t rc = http1_parse_request(&cl->scan, buf, n, &hl, h);
+    if (rc == HTTP1_INCOMPLETE)
+        return 0;
+    if (rc < 0) {
+        int status = http1_err_status((int)rc);
+        LOG_DEBUG("bad_request", "client=%s err=\"%s\"", cl->ip, http1_strerror((int)rc));
+        fail_head(cl, status, status == 431 ? "headers_too_large" : "bad_request",
+                  http1_strerror((int)rc));
+        return -1;
+    }
+    struct req *r = thaw_calloc(1, sizeof(*r));
+    if (!r || build_req(cl, h, r) < 0) {
+        if (r) {
+            r->cl = cl;
+            req_free(r);
+        }
+        fail_head(cl, 500, "internal_error", "out of memory");
+        return -1;
+    }
+    bool expect = h->expect_continue;
+    evbuffer_drain(in, (size_t)rc);
+    cl->in_head = false;
+    cl->req = r;
+    r->state = RS_ROUTING;
+    if (r->body_kind == HTTP1_BODY_LENGTH && r->body_len > (uint64_t)lim->max_body_bytes) {
+        disarm_timer(cl);
+        req_fail(r, 413, OUT_BODY_TOO_LARGE, "request_too_large", "request body too large");
+        return -1;
+    }
+    if (expect && !r->body_done)
+        evbuffer_add_printf(conn_output(cl->c), "HTTP/1.1 100 Continue\r\n\r\n");
+    return 1;
+}
+
+/* ---- clients ---- */
+
+/* The client left (or is being cut): its request, if any, ends now. */
+static void client_drop_req(struct client *cl)
+{
+    struct proxy *px = cl->px;
+    if (cl->req) {
+        struct req *r = cl->req;
+        cl->req = NULL;
+        count_outcome(px, r->m, OUT_CLIENT_CLOSED);
+        struct model_rt *m = r->m;
+        req_free(r);
+        if (m && m->hq.count > 0 && !px->freeing)
+            release_held(m);
+    } else if (cl->in_head) {
+        cl->in_head = false;
+        count_outcome(px, NULL, OUT_CLIENT_CLOSED);
+    }
+}
+
+static void client_destroy(struct client *cl)
+{
+    struct proxy *px = cl->px;
+    client_drop_req(cl);
+    if (cl->prev)
+        cl->prev->next = cl->next;
+    else
+        px->clients = cl->next;
+    if (cl->next)
+        cl->next->prev = cl->prev;
+    px->nclients--;
+    conn_free(cl->c);
+    if (cl->timer)
+        event_free(cl->timer);
+    if (cl->kick)
+        event_free(cl->kick);
+    thaw_free(cl);
+}
+
+/* Marks the client dead; it is freed from its kick event, outside of any
+ * callback that may still use it. */
+static void client_kill(struct client *cl)
+{
+    if (cl->dead)
+        return;
+    cl->dead = true;
+    client_drop_req(cl);
+    disarm_timer(cl);
+    conn_disable_read(cl->c);
+    event_active(cl->kick, EV_TIMEOUT, 1);
+}
+
+/* Flushes what was written, then closes. */
+static void client_close(struct client *cl)
+{
+    if (cl->closing || cl->dead)
+        return;
+    cl->closing = true;
+    disarm_timer(cl);
+    conn_disable_read(cl->c);
+    conn_set_write_low(cl->c, 0);
+    if (evbuffer_get_length(conn_output(cl->c)) == 0)
+        client_kill(cl);
+}
+
+/* Ready for the next request on a kept-alive connection. */
+static void client_next(struct client *cl)
+{
+    struct proxy *px = cl->px;
+    http1_scan_init(&cl->scan);
+    arm_timer(cl, px->cfg->limits.idle_timeout_ms);
+    if (evbuffer_get_length(conn_input(cl->c)) > 0)
+        event_active(cl->kick, EV_TIMEOUT, 1); /* pipelined: parse it next turn */
+}
+
+static void client_process(struct client *cl)
+{
+    for (;;) {
+        if (cl->dead || cl->closing)
+            return;
+        struct req *r = cl->req;
+        if (!r) {
+            if (try_head(cl) <= 0)
+                return;
+            continue;
+        }
+        switch (r->state) {
+        case RS_ROUTING:
+            route_phase(r);
+            return;
+        case RS_UPSTREAM:
+            pump_to_upstream(r);
+            return;
+        case RS_DISPATCH:
+        case RS_HELD:
+        case RS_CONNECTING:
+            return;
+        }
+        return;
+    }
+}
+
+static void client_kick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct client *cl = arg;
+    struct proxy *px = cl->px;
+    if (cl->dead) {
+        client_destroy(cl);
+        check_drained(px);
+        return;
+    }
+    client_process(cl);
+}
+
+static void client_read_cb(struct conn *c, void *arg)
+{
+    (void)c;
+    client_process(arg);
+}
+
+static void client_write_cb(struct conn *c, void *arg)
+{
+    struct client *cl = arg;
+    if (cl->closing) {
+        if (evbuffer_get_length(conn_output(c)) == 0)
+            client_kill(cl);
+        return;
+    }
+    struct req *r = cl->req;
+    if (r && r->resp_paused && r->up) {
+        r->resp_paused = false;
+        conn_enable_read(r->up);
+        /* Bytes may be waiting in the input with no read event to come. */
+        up_read_cb(r->up, r);
+    }
+}
+
+static void client_event_cb(struct conn *c, int what, int err, void *arg)
+{
+    (void)c;
+    (void)err;
+    struct client *cl = arg;
+    if (cl->req)
+        LOG_DEBUG("client_gone", "client=%s what=0x%x", cl->ip, what);
+    client_kill(cl);
+}
+
+static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct client *cl = arg;
+    if (cl->closing || cl->dead)
+        return;
+    if (cl->in_head) {
+        fail_head(cl, 408, "request_timeout", "the request head did not arrive in time");
+        return;
+    }
+    if (cl->req && cl->req->state == RS_ROUTING) {
+        req_fail(cl->req, 408, OUT_HEADER_TIMEOUT, "request_timeout",
+                 "the request body did not arrive in time");
+        return;
+    }
+    if (!cl->req)
+        client_kill(cl); /* idle keep-alive connection */
+}
+
+static void accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct sockaddr *sa,
+                      int salen, void *arg)
+{
+    (void)lst;
+    (void)salen;
+    struct proxy *px = arg;
+    struct client *cl = thaw_calloc(1, sizeof(*cl));
+    if (!cl) {
+        evutil_closesocket(fd);
+        return;
+    }
+    cl->px = px;
+    cl->c = conn_new_fd(px->base, px->flusher, fd);
+    cl->timer = evtimer_new(px->base, client_timer_cb, cl);
+    cl->kick = event_new(px->base, -1, 0, client_kick_cb, cl);
+    if (!cl->c || !cl->timer || !cl->kick) {
+        if (cl->c)
+            conn_free(cl->c);
+        else
+            evutil_closesocket(fd);
+        if (cl->timer)
+            event_free(cl->timer);
+        if (cl->kick)
+            event_free(cl->kick);
+        thaw_free(cl);
+        return;
+    }
+    if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((struct sockaddr_in6 *)(void *)sa)->sin6_addr, cl->ip, sizeof(cl->ip));
+    else
+        inet_ntop(AF_INET, &((struct sockaddr_in *)(void *)sa)->sin_addr, cl->ip, sizeof(cl->ip));
+    cl->next = px->clients;
+    if (px->clients)
+        px->clients->prev = cl;
+    px->clients = cl;
+    px->nclients++;
+    px->connections++;
+    const struct limits_config *lim = &px->cfg->limits;
+    size_t hi = (size_t)lim->buffer_bytes;
+    if (hi < (size_t)lim->max_header_bytes + 2048)
+        hi = (size_t)lim->max_header_bytes + 2048;
+    conn_setcb(cl->c, client_read_cb, client_write_cb, client_event_cb, cl);
+    conn_set_read_high(cl->c, hi);
+    conn_set_write_low(cl->c, (size_t)lim->buffer_bytes / 2);
+    conn_enable_read(cl->c);
+    arm_timer(cl, lim->idle_timeout_ms);
+}
+
+/* ---- housekeeping ---- */
+
+static void free_removed(struct proxy *px)
+{
+    for (struct model_rt **pp = &px->removed; *pp;) {
+        struct model_rt *m = *pp;
+        if (m->hq.count == 0 && m->inflight == 0) {
+            *pp = m->next_removed;
+            LOG_INFO("model_removed", "model=%s", m->name);
+            model_free(m);
+        } else {
+            pp = &m->next_removed;
+        }
+    }
+    if (!px->removed) {
+        while (px->old_cfgs) {
+            struct old_config *o = px->old_cfgs;
+            px->old_cfgs = o->next;
+            config_free(o->cfg);
+            thaw_free(o);
+        }
+    }
+}
+
+static void tick_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct proxy *px = arg;
+    int64_t now = now_ms();
+    for (size_t i = 0; i < px->nmodels; i++) {
+        struct model_rt *m = px->models[i];
+        model_apply(m, model_sm_handle(&m->sm, MEV_TICK, now, m->hq.count));
+    }
+    free_removed(px);
+    if (now - px->last_redis_ms >= REDIS_REFRESH_MS) {
+        px->last_redis_ms = now;
+        for (size_t i = 0; i < px->nmodels; i++) {
+            struct model_rt *m = px->models[i];
+            /* A wake that could not be sent still matters while the model
+             * has not come up. */
+            if (m->wake_pending && px->redis && redis_link_up(px->redis)) {
+                if (m->sm.state == MODEL_WAKING)
+                    send_wake(m);
+                else
+                    m->wake_pending = false;
+            }
+            publish_held(m);
+        }
+    }
+}
+
+void proxy_redis_state(void *arg, bool up)
+{
+    struct proxy *px = arg;
+    if (up)
+        px->last_redis_ms = 0; /* refresh at the next tick */
+}
+
+/* ---- lifecycle ---- */
+
+static int build_models(struct proxy *px, struct config *cfg, struct model_rt ***out)
+{
+    struct model_rt **v = thaw_calloc(cfg->nmodels, sizeof(*v));
+    if (!v)
+        return -1;
+    *out = v;
+    return 0;
+}
+
+static bool needs_dns(const struct config *cfg)
+{
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        const struct model_config *mc = &cfg->models[i];
+        unsigned char buf[16];
+        if (mc->backend && inet_pton(AF_INET, mc->backend_host, buf) != 1 &&
+            inet_pton(AF_INET6, mc->backend_host, buf) != 1)
+            return true;
+    }
+    return false;
+}
+
+static int ensure_dns(struct proxy *px, const struct config *cfg)
+{
+    if (px->dns || !needs_dns(cfg))
+        return 0;
+    px->dns = evdns_base_new(px->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
+                                           EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+    if (!px->dns) {
+        /* No usable resolv.conf: /etc/hosts still answers. */
+        px->dns = evdns_base_new(px->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+        if (px->dns)
+            evdns_base_load_hosts(px->dns, NULL);
+    }
+    return px->dns ? 0 : -1;
+}
+
+struct proxy *proxy_new(struct event_base *base, struct config *cfg, struct redis_link *redis,
+                        char *err, size_t errlen)
+{
+    struct proxy *px = thaw_calloc(1, sizeof(*px));
+    if (!px) {
+        config_free(cfg);
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    px->base = base;
+    px->cfg = cfg;
+    px->redis = redis;
+    px->port = -1;
+    px->tick = event_new(base, -1, EV_PERSIST, tick_cb, px);
+    px->flusher = conn_flusher_new(base);
+    px->scratch_req = thaw_malloc(sizeof(*px->scratch_req));
+    px->scratch_resp = thaw_malloc(sizeof(*px->scratch_resp));
+    px->routes = route_table_new(cfg);
+    if (!px->tick || !px->flusher || !px->scratch_req || !px->scratch_resp || !px->routes ||
+        build_models(px, cfg, &px->models) < 0) {
+        snprintf(err, errlen, "out of memory");
+        proxy_free(px);
+        return NULL;
+    }
+    if (ensure_dns(px, cfg) < 0) {
+        snprintf(err, errlen, "could not set up DNS resolution");
+        proxy_free(px);
+        return NULL;
+    }
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        px->models[i] = model_new(px, &cfg->models[i]);
+        if (!px->models[i]) {
+            snprintf(err, errlen, "model %s: could not set up its backend", cfg->models[i].name);
+            proxy_free(px);
+            return NULL;
+        }
+        px->nmodels = i + 1;
+    }
+    struct timeval tv;
+    tv_ms(&tv, TICK_MS);
+    event_add(px->tick, &tv);
+    return px;
+}
+
+void proxy_free(struct proxy *px)
+{
+    if (!px)
+        return;
+    px->freeing = true;
+    while (px->clients)
+        client_destroy(px->clients);
+    if (px->listener)
+        evconnlistener_free(px->listener);
+    for (size_t i = 0; i < px->nmodels; i++)
+        model_free(px->models[i]);
+    thaw_free(px->models);
+    while (px->removed) {
+        struct model_rt *m = px->removed;
+        px->removed = m->next_removed;
+        model_free(m);
+    }
+    while (px->old_cfgs) {
+        struct old_config *o = px->old_cfgs;
+        px->old_cfgs = o->next;
+        config_free(o->cfg);
+        thaw_free(o);
+    }
+    if (px->tick)
+        event_free(px->tick);
+    if (px->drain_timer)
+        event_free(px->drain_timer);
+    if (px->dns)
+        evdns_base_free(px->dns, 0);
+    conn_flusher_free(px->flusher); /* after every connection is gone */
+    thaw_free(px->scratch_req);
+    thaw_free(px->scratch_resp);
+    route_table_free(px->routes);
+    config_free(px->cfg);
+    thaw_free(px);
+}
+
+int proxy_listen(struct proxy *px, const char *host, int port, char *err, size_t errlen)
+{
+    struct sockaddr_storage ss;
+    memset(&ss, 0, sizeof(ss));
+    socklen_t len;
+    struct sockaddr_in *s4 = (struct sockaddr_in *)(void *)&ss;
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)(void *)&ss;
+    if (inet_pton(AF_INET, host, &s4->sin_addr) == 1) {
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons((uint16_t)port);
+        len = sizeof(*s4);
+    } else if (inet_pton(AF_INET6, host, &s6->sin6_addr) == 1) {
+        s6->sin6_family = AF_INET6;
+        s6->sin6_port = htons((uint16_t)port);
+        len = sizeof(*s6);
+    } else {
+        snprintf(err, errlen, "listen address must be an IP literal, got '%s'", host);
+        return -1;
+    }
+    px->listener = evconnlistener_new_bind(px->base, accept_cb, px,
+                                           LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 1024,
+                                           (struct sockaddr *)&ss, (int)len);
+    if (!px->listener) {
+        snprintf(err, errlen, "bind %s:%d: %s", host, port, strerror(errno));
+        return -1;
+    }
+    struct sockaddr_storage bound;
+    socklen_t bl = sizeof(bound);
+    if (getsockname(evconnlistener_get_fd(px->listener), (struct sockaddr *)&bound, &bl) == 0) {
+        px->port = bound.ss_family == AF_INET6
+                       ? ntohs(((struct sockaddr_in6 *)(void *)&bound)->sin6_port)
+                       : ntohs(((struct sockaddr_in *)(void *)&bound)->sin_port);
+    }
+    return 0;
+}
+
+int proxy_port(const struct proxy *px) { return px->port; }
+
+void proxy_set_redis(struct proxy *px, struct redis_link *redis) { px->redis = redis; }
+
+size_t proxy_model_count(const struct proxy *px) { return px->nmodels; }
+
+long proxy_drain_timeout_ms(const struct proxy *px) { return px->cfg->limits.drain_timeout_ms; }
+
+int proxy_reload(struct proxy *px, struct config *cfg)
+{
+    struct model_rt **models = NULL;
+    struct old_config *old = thaw_calloc(1, sizeof(*old));
+    struct route_table *routes = route_table_new(cfg);
+    if (!old || !routes || build_models(px, cfg, &models) < 0 || ensure_dns(px, cfg) < 0) {
+        route_table_free(routes);
+        thaw_free(old);
+        thaw_free(models);
+        LOG_ERROR("reload_failed", "reason=\"out of memory or no DNS\"");
+        config_free(cfg);
+        return -1;
+    }
+    /* Build every new model first so a failure leaves the old set intact. */
+    bool *kept = thaw_calloc(px->nmodels + 1, sizeof(bool));
+    if (!kept) {
+        route_table_free(routes);
+        thaw_free(old);
+        thaw_free(models);
+        config_free(cfg);
+        return -1;
+    }
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        for (size_t k = 0; k < px->nmodels; k++) {
+            if (!kept[k] && strcmp(px->models[k]->name, cfg->models[i].name) == 0) {
+                kept[k] = true;
+                models[i] = px->models[k];
+                break;
+            }
+        }
+    }
+    struct config *prev = px->cfg;
+    px->cfg = cfg; /* new models read limits from here */
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        if (models[i])
+            continue;
+        models[i] = model_new(px, &cfg->models[i]);
+        if (!models[i]) {
+            for (size_t k = 0; k < i; k++) {
+                bool existing = false;
+                for (size_t j = 0; j < px->nmodels; j++)
+                    existing |= px->models[j] == models[k];
+                if (!existing)
+                    model_free(models[k]);
+            }
+            LOG_ERROR("reload_failed", "model=%s", cfg->models[i].name);
+            route_table_free(routes);
+            px->cfg = prev;
+            thaw_free(kept);
+            thaw_free(old);
+            thaw_free(models);
+            config_free(cfg);
+            return -1;
+        }
+    }
+    for (size_t i = 0; i < cfg->nmodels; i++) {
+        struct model_rt *m = models[i];
+        const struct model_config *mc = &cfg->models[i];
+        m->mc = mc;
+        holdq_set_limits(&m->hq, (size_t)mc->max_held_requests, (size_t)mc->max_held_bytes);
+        m->sm.wake_timeout_ms = mc->hold_timeout_ms;
+        if (backend_reconfigure(m->be, mc, &cfg->limits) < 0)
+            LOG_ERROR("backend_reconfigure_failed", "model=%s", m->name);
+    }
+    for (size_t k = 0; k < px->nmodels; k++) {
+        if (kept[k])
+            continue;
+        struct model_rt *m = px->models[k];
+        m->removed = true;
+        model_apply(m, model_sm_handle(&m->sm, MEV_DRAIN, now_ms(), m->hq.count));
+        m->next_removed = px->removed;
+        px->removed = m;
+    }
+    thaw_free(kept);
+    thaw_free(px->models);
+    px->models = models;
+    route_table_free(px->routes);
+    px->routes = routes;
+    px->nmodels = cfg->nmodels;
+    old->cfg = prev;
+    old->next = px->old_cfgs;
+    px->old_cfgs = old;
+    free_removed(px);
+    LOG_INFO("config_reloaded", "models=%zu", cfg->nmodels);
+    return 0;
+}
+
+static void check_drained(struct proxy *px)
+{
+    if (px->draining && px->nclients == 0 && !px->drain_done_called) {
+        px->drain_done_called = true;
+        LOG_INFO("drained", "accepted=%llu", (unsigned long long)px->accepted);
+        if (px->drain_done)
+            px->drain_done(px->drain_ud);
+    }
+}
+
+static void drain_deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct proxy *px = arg;
+    px->drain_deadline_passed = true;
+    LOG_WARN("drain_deadline", "clients=%zu", px->nclients);
+    for (size_t i = 0; i < px->nmodels; i++) {
+        struct model_rt *m = px->models[i];
+        struct holdq_node *n;
+        while ((n = holdq_pop(&m->hq)))
+            req_fail(req_of_node(n), 503, OUT_DRAINING, "draining",
+                     "the activator is shutting down");
+        arm_hold_timer(m);
+    }
+    for (struct model_rt *m = px->removed; m; m = m->next_removed) {
+        struct holdq_node *n;
+        while ((n = holdq_pop(&m->hq)))
+            req_fail(req_of_node(n), 503, OUT_DRAINING, "draining",
+                     "the activator is shutting down");
+    }
+    for (struct client *cl = px->clients; cl; cl = cl->next) {
+        struct req *r = cl->req;
+        if (r && !r->resp_head_done)
+            req_fail(r, 503, OUT_DRAINING, "draining", "the activator is shutting down");
+        else if (r) {
+            up_release(r, false); /* mid-response: nothing clean left to send */
+            req_end(r, OUT_ABORTED, true);
+        } else
+            client_close(cl);
+    }
+    check_drained(px);
+}
+
+void proxy_drain(struct proxy *px, void (*done)(void *ud), void *ud)
+{
+    if (px->draining)
+        return;
+    px->draining = true;
+    px->drain_done = done;
+    px->drain_ud = ud;
+    /* Closed before the log line, so whoever reads "draining" can rely on
+     * new connections being refused. */
+    if (px->listener) {
+        evconnlistener_free(px->listener);
+        px->listener = NULL;
+    }
+    LOG_INFO("draining", "clients=%zu timeout_ms=%ld", px->nclients,
+             px->cfg->limits.drain_timeout_ms);
+    for (size_t i = 0; i < px->nmodels; i++) {
+        struct model_rt *m = px->models[i];
+        model_apply(m, model_sm_handle(&m->sm, MEV_DRAIN, now_ms(), m->hq.count));
+    }
+    for (struct client *cl = px->clients; cl; cl = cl->next) {
+        if (!cl->req && !cl->in_head)
+            client_close(cl);
+    }
+    px->drain_timer = evtimer_new(px->base, drain_deadline_cb, px);
+    if (px->drain_timer) {
+        struct timeval tv;
+        tv_ms(&tv, px->cfg->limits.drain_timeout_ms);
+        evtimer_add(px->drain_timer, &tv);
+    }
+    check_drained(px);
+}
+
+bool proxy_is_draining(const struct proxy *px) { return px->draining; }
+
+int proxy_wake(struct proxy *px, const char *model)
+{
+    int idx = config_model_index(px->cfg, model);
+    if (idx < 0)
+        return -1;
+    struct model_rt *m = px->models[idx];
+    model_apply(m, model_sm_handle(&m->sm, MEV_WAKE, now_ms(), m->hq.count));
+    return 0;
+}
+
+void proxy_get_totals(const struct proxy *px, struct proxy_totals *out)
+{
+    memset(out, 0, sizeof(*out));
+    out->accepted = px->accepted;
+    out->connections = px->connections;
+    out->open_connections = px->nclients;
+    for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
+        out->outcomes[o] = px->unrouted[o];
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
+            out->outcomes[o] += m->outcomes[o];
+        out->held += m->hq.count;
+        out->inflight += m->inflight;
+    }
+    for (const struct model_rt *m = px->removed; m; m = m->next_removed) {
+        for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
+            out->outcomes[o] += m->outcomes[o];
+        out->held += m->hq.count;
+        out->inflight += m->inflight;
+    }
+}
+
+/* ---- exposition ---- */
+
+struct ep_ctx {
+    struct evbuffer *out;
+    const char *model;
+    int pass;
+};
+
+static void ep_metric(void *ud, const char *label, unsigned outstanding, bool healthy,
+                      uint64_t requests)
+{
+    struct ep_ctx *c = ud;
+    char labels[512];
+    if (expo_labels(labels, sizeof(labels), "model", c->model, "endpoint", label, NULL) < 0)
+        return;
+    if (c->pass == 0)
+        expo_sample(c->out, "thaw_activator_endpoint_outstanding_requests", labels, outstanding);
+    else if (c->pass == 1)
+        expo_sample(c->out, "thaw_activator_endpoint_healthy", labels, healthy ? 1 : 0);
+    else
+        expo_sample(c->out, "thaw_activator_endpoint_requests_total", labels, (double)requests);
+}
+
+void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
+{
+    char labels[512];
+    struct proxy_totals t;
+    proxy_get_totals(px, &t);
+
+    expo_family(out, "thaw_activator_requests_accepted_total", "counter",
+                "Requests the proxy started reading.");
+    expo_sample(out, "thaw_activator_requests_accepted_total", NULL, (double)t.accepted);
+
+    expo_family(out, "thaw_activator_requests_total", "counter",
+                "Requests ended, by model and outcome (model=\"none\" before routing).");
+    for (int o = 0; o < PROXY_OUTCOME_COUNT; o++) {
+        if (px->unrouted[o] == 0)
+            continue;
+        if (expo_labels(labels, sizeof(labels), "model", "none", "outcome", outcome_names[o],
+                        NULL) >= 0)
+            expo_sample(out, "thaw_activator_requests_total", labels, (double)px->unrouted[o]);
+    }
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        for (int o = 0; o < PROXY_OUTCOME_COUNT; o++) {
+            if (m->outcomes[o] == 0 && o != OUT_OK)
+                continue;
+            if (expo_labels(labels, sizeof(labels), "model", m->name, "outcome",
+                            outcome_names[o], NULL) >= 0)
+                expo_sample(out, "thaw_activator_requests_total", labels, (double)m->outcomes[o]);
+        }
+    }
+
+    expo_family(out, "thaw_activator_held_requests", "gauge", "Requests held, by model.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_sample(out, "thaw_activator_held_requests", labels, (double)m->hq.count);
+    }
+    expo_family(out, "thaw_activator_held_bytes", "gauge", "Memory charged to held requests.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_sample(out, "thaw_activator_held_bytes", labels, (double)m->hq.bytes);
+    }
+    expo_family(out, "thaw_activator_inflight_requests", "gauge",
+                "Requests sent to a backend and not finished, by model.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_sample(out, "thaw_activator_inflight_requests", labels, (double)m->inflight);
+    }
+    expo_family(out, "thaw_activator_model_state", "gauge",
+                "1 for the state each model is in.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        for (int s = 0; s < MODEL_STATE_COUNT; s++) {
+            if (expo_labels(labels, sizeof(labels), "model", m->name, "state",
+                            model_state_to_str((enum model_state)s), NULL) >= 0)
+                expo_sample(out, "thaw_activator_model_state", labels, (int)m->sm.state == s);
+        }
+    }
+    expo_family(out, "thaw_activator_model_transitions_total", "counter",
+                "State machine transitions, by model, from and to.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        for (int a = 0; a < MODEL_STATE_COUNT; a++) {
+            for (int b = 0; b < MODEL_STATE_COUNT; b++) {
+                if (!m->sm.transitions[a][b])
+                    continue;
+                if (expo_labels(labels, sizeof(labels), "model", m->name, "from",
+                                model_state_to_str((enum model_state)a), "to",
+                                model_state_to_str((enum model_state)b), NULL) >= 0)
+                    expo_sample(out, "thaw_activator_model_transitions_total", labels,
+                                (double)m->sm.transitions[a][b]);
+            }
+        }
+    }
+    expo_family(out, "thaw_activator_cold_starts_total", "counter",
+                "Times a model went from waking to ready.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_sample(out, "thaw_activator_cold_starts_total", labels, (double)m->sm.cold_starts);
+    }
+    expo_family(out, "thaw_activator_wake_signals_total", "counter",
+                "Wake signals published to Redis, by model.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_sample(out, "thaw_activator_wake_signals_total", labels, (double)m->wake_signals);
+    }
+    expo_family(out, "thaw_activator_wakes_total", "counter",
+                "Wake actions (requests, admin, wakeWith), sent to Redis or not.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_sample(out, "thaw_activator_wakes_total", labels, (double)m->wakes);
+    }
+    expo_family(out, "thaw_activator_hold_duration_seconds", "histogram",
+                "Time requests spent held before release or timeout.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_histogram_write(out, "thaw_activator_hold_duration_seconds", labels, &m->hold_hist);
+    }
+    expo_family(out, "thaw_activator_upstream_ttfb_seconds", "histogram",
+                "From sending a request to a backend to its response head.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_histogram_write(out, "thaw_activator_upstream_ttfb_seconds", labels, &m->ttfb_hist);
+    }
+    expo_family(out, "thaw_activator_response_head_seconds", "histogram",
+                "From a request's head to the response head forwarded (holding included).");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_histogram_write(out, "thaw_activator_response_head_seconds", labels, &m->head_hist);
+    }
+    expo_family(out, "thaw_activator_endpoints", "gauge", "Endpoints by model and health.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        struct backend_stats bs;
+        backend_get_stats(px->models[i]->be, &bs);
+        if (expo_labels(labels, sizeof(labels), "model", px->models[i]->name, "health", "healthy",
+                        NULL) >= 0)
+            expo_sample(out, "thaw_activator_endpoints", labels, (double)bs.healthy);
+        if (expo_labels(labels, sizeof(labels), "model", px->models[i]->name, "health",
+                        "unhealthy", NULL) >= 0)
+            expo_sample(out, "thaw_activator_endpoints", labels,
+                        (double)(bs.endpoints - bs.healthy));
+    }
+    static const char *const ep_names[3] = {"thaw_activator_endpoint_outstanding_requests",
+                                            "thaw_activator_endpoint_healthy",
+                                            "thaw_activator_endpoint_requests_total"};
+    static const char *const ep_types[3] = {"gauge", "gauge", "counter"};
+    static const char *const ep_help[3] = {"Requests in flight per endpoint.",
+                                           "1 if the endpoint passed its health check.",
+                                           "Requests sent per endpoint."};
+    for (int pass = 0; pass < 3; pass++) {
+        expo_family(out, ep_names[pass], ep_types[pass], ep_help[pass]);
+        for (size_t i = 0; i < px->nmodels; i++) {
+            struct ep_ctx c = {out, px->models[i]->name, pass};
+            backend_each_endpoint(px->models[i]->be, ep_metric, &c);
+        }
+    }
+    expo_family(out, "thaw_activator_probes_total", "counter", "Readiness probes, by result.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        struct backend_stats bs;
+        backend_get_stats(px->models[i]->be, &bs);
+        if (expo_labels(labels, sizeof(labels), "model", px->models[i]->name, "result", "ok",
+                        NULL) >= 0)
+            expo_sample(out, "thaw_activator_probes_total", labels,
+                        (double)(bs.probes - bs.probe_failures));
+        if (expo_labels(labels, sizeof(labels), "model", px->models[i]->name, "result", "fail",
+                        NULL) >= 0)
+            expo_sample(out, "thaw_activator_probes_total", labels, (double)bs.probe_failures);
+    }
+    expo_family(out, "thaw_activator_connections_total", "counter", "Client connections accepted.");
+    expo_sample(out, "thaw_activator_connections_total", NULL, (double)t.connections);
+    expo_family(out, "thaw_activator_open_connections", "gauge", "Client connections open.");
+    expo_sample(out, "thaw_activator_open_connections", NULL, (double)t.open_connections);
+    expo_family(out, "thaw_activator_draining", "gauge", "1 while shutting down.");
+    expo_sample(out, "thaw_activator_draining", NULL, px->draining ? 1 : 0);
+    struct redis_link_stats rs;
+    redis_link_get_stats(px->redis, &rs);
+    expo_family(out, "thaw_activator_redis_up", "gauge", "1 while the Redis link is connected.");
+    expo_sample(out, "thaw_activator_redis_up", NULL, redis_link_up(px->redis) ? 1 : 0);
+    expo_family(out, "thaw_activator_redis_commands_total", "counter", "Redis commands sent.");
+    expo_sample(out, "thaw_activator_redis_commands_total", NULL, (double)rs.commands);
+    expo_family(out, "thaw_activator_redis_failures_total", "counter",
+                "Redis commands that failed or were never answered.");
+    expo_sample(out, "thaw_activator_redis_failures_total", NULL, (double)rs.failures);
+}
+
+json_t *proxy_models_json(struct proxy *px)
+{
+    json_t *arr = json_array();
+    if (!arr)
+        return NULL;
+    int64_t now = now_ms();
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        json_t *eps = backend_to_json(m->be);
+        json_t *o = json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o*}", "name", m->name, "state",
+                              model_state_to_str(m->sm.state), "stateForMs",
+                              (json_int_t)(now - m->sm.since_ms), "held", (json_int_t)m->hq.count,
+                              "inflight", (json_int_t)m->inflight, "coldStarts",
+                              (json_int_t)m->sm.cold_starts, "wakeSignals",
+                              (json_int_t)m->wake_signals, "ok", (json_int_t)m->outcomes[OUT_OK],
+                              "endpoints", eps);
+        if (!o || json_array_append_new(arr, o) < 0) {
+            json_decref(arr);
+            return NULL;
+        }
+    }
+    json_t *root = json_pack("{s:o,s:b,s:b}", "models", arr, "draining", px->draining, "redis",
+                             redis_link_up(px->redis));
+    return root;
+}

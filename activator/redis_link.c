@@ -1,0 +1,358 @@
+#include "redis_link.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+#include <hiredis/adapters/libevent.h>
+#include <hiredis/async.h>
+#include <hiredis/hiredis.h>
+
+#include "alloc.h"
+#include "clock.h"
+#include "log.h"
+
+#define BACKOFF_MIN_MS 100
+#define BACKOFF_MAX_MS 5000
+#define WATCH_MS 100
+
+struct redis_link {
+    struct event_base *base;
+    char host[256];
+    int port;
+    char pass[256];
+    int db;
+    char *instance_id;
+    long timeout_ms;
+    redis_link_state_cb cb;
+    void *ud;
+
+    redisAsyncContext *ac;
+    bool connected;
+    bool freeing;        /* inside our own redisAsyncFree: ignore callbacks */
+    int64_t connect_started_ms;
+    size_t pending;      /* commands without a reply yet */
+    int64_t oldest_pending_ms;
+    long backoff_ms;
+    struct event *retry_timer;
+    struct event *watch_timer;
+    struct redis_link_stats stats;
+};
+
+int redis_link_parse_url(const char *url, char *host, size_t hostlen, int *port, char *pass,
+                         size_t passlen, int *db)
+{
+    if (strncmp(url, "redis://", 8) != 0)
+        return -1;
+    const char *p = url + 8;
+    const char *at = strrchr(p, '@');
+    pass[0] = '\0';
+    if (at) {
+        const char *colon = memchr(p, ':', (size_t)(at - p));
+        const char *pw = colon ? colon + 1 : p; /* redis://:pw@ or redis://user:pw@ */
+        size_t pl = (size_t)(at - pw);
+        if (pl >= passlen)
+            return -1;
+        memcpy(pass, pw, pl);
+        pass[pl] = '\0';
+        p = at + 1;
+    }
+    const char *hs = p, *he;
+    if (*p == '[') {
+        hs = ++p;
+        while (*p && *p != ']')
+            p++;
+        if (*p != ']')
+            return -1;
+        he = p++;
+    } else {
+        while (*p && *p != ':' && *p != '/')
+            p++;
+        he = p;
+    }
+    size_t hl = (size_t)(he - hs);
+    if (hl == 0 || hl >= hostlen)
+        return -1;
+    memcpy(host, hs, hl);
+    host[hl] = '\0';
+    *port = 6379;
+    *db = 0;
+    if (*p == ':') {
+        char *end;
+        errno = 0;
+        long v = strtol(p + 1, &end, 10);
+        if (errno || end == p + 1 || v < 1 || v > 65535)
+            return -1;
+        *port = (int)v;
+        p = end;
+    }
+    if (*p == '/') {
+        p++;
+        if (*p) {
+            char *end;
+            errno = 0;
+            long v = strtol(p, &end, 10);
+            if (errno || end == p || *end || v < 0 || v > 100000)
+                return -1;
+            *db = (int)v;
+            p = end;
+        }
+    }
+    return *p == '\0' ? 0 : -1;
+}
+
+static void schedule_retry(struct redis_link *l)
+{
+    struct timeval tv = {l->backoff_ms / 1000, (l->backoff_ms % 1000) * 1000};
+    event_add(l->retry_timer, &tv);
+    l->backoff_ms = l->backoff_ms * 2 > BACKOFF_MAX_MS ? BACKOFF_MAX_MS : l->backoff_ms * 2;
+}
+
+static void set_down(struct redis_link *l, const char *why)
+{
+    bool was_up = l->connected;
+    l->connected = false;
+    l->ac = NULL;
+    l->pending = 0;
+    if (was_up) {
+        LOG_WARN("redis_down", "host=%s port=%d reason=%s", l->host, l->port, why);
+        if (l->cb)
+            l->cb(l->ud, false);
+    }
+    schedule_retry(l);
+}
+
+/* Drops the connection from outside hiredis callbacks (timeouts). */
+static void drop(struct redis_link *l, const char *why)
+{
+    if (!l->ac)
+        return;
+    redisAsyncContext *ac = l->ac;
+    l->freeing = true;
+    redisAsyncFree(ac);
+    l->freeing = false;
+    set_down(l, why);
+}
+
+static void on_connect(const redisAsyncContext *ac, int status)
+{
+    struct redis_link *l = ac->data;
+    if (!l || l->freeing)
+        return;
+    if (status != REDIS_OK) {
+        LOG_DEBUG("redis_connect_failed", "host=%s port=%d err=\"%s\"", l->host, l->port,
+                  ac->errstr);
+        /* hiredis frees the context after this callback. */
+        l->ac = NULL;
+        l->connected = false;
+        schedule_retry(l);
+        return;
+    }
+    l->connected = true;
+    l->backoff_ms = BACKOFF_MIN_MS;
+    l->stats.connects++;
+    LOG_INFO("redis_up", "host=%s port=%d", l->host, l->port);
+    if (l->cb)
+        l->cb(l->ud, true);
+}
+
+static void on_disconnect(const redisAsyncContext *ac, int status)
+{
+    struct redis_link *l = ac->data;
+    if (!l || l->freeing)
+        return;
+    set_down(l, status == REDIS_OK ? "closed" : "error");
+}
+
+static void on_reply(redisAsyncContext *ac, void *r, void *priv)
+{
+    struct redis_link *l = priv;
+    redisReply *reply = r;
+    if (!l)
+        return;
+    if (l->pending > 0)
+        l->pending--;
+    /* Replies arrive in order, so the next pending command was sent no
+     * earlier than now minus the watch period; restart its clock. */
+    l->oldest_pending_ms = clock_mono_ms();
+    if (!reply || reply->type == REDIS_REPLY_ERROR) {
+        l->stats.failures++;
+        if (reply)
+            LOG_WARN("redis_reply_error", "err=\"%.*s\"", (int)reply->len, reply->str);
+    }
+    (void)ac;
+}
+
+static int send_cmd(struct redis_link *l, int argc, const char **argv)
+{
+    if (!l->ac || !l->connected)
+        return -1;
+    if (redisAsyncCommandArgv(l->ac, on_reply, l, argc, argv, NULL) != REDIS_OK) {
+        l->stats.failures++;
+        return -1;
+    }
+    if (l->pending == 0)
+        l->oldest_pending_ms = clock_mono_ms();
+    l->pending++;
+    l->stats.commands++;
+    return 0;
+}
+
+static void do_connect(struct redis_link *l)
+{
+    redisAsyncContext *ac = redisAsyncConnect(l->host, l->port);
+    if (!ac) {
+        schedule_retry(l);
+        return;
+    }
+    if (ac->err) {
+        LOG_DEBUG("redis_connect_failed", "host=%s port=%d err=\"%s\"", l->host, l->port,
+                  ac->errstr);
+        redisAsyncFree(ac);
+        schedule_retry(l);
+        return;
+    }
+    ac->data = l;
+    if (redisLibeventAttach(ac, l->base) != REDIS_OK) {
+        redisAsyncFree(ac);
+        schedule_retry(l);
+        return;
+    }
+    redisAsyncSetConnectCallback(ac, on_connect);
+    redisAsyncSetDisconnectCallback(ac, on_disconnect);
+    l->ac = ac;
+    l->connect_started_ms = clock_mono_ms();
+    l->pending = 0;
+    /* AUTH and SELECT go first; hiredis queues them until connected. They
+     * are sent without counting as "connected" commands. */
+    if (l->pass[0]) {
+        const char *argv[] = {"AUTH", l->pass};
+        if (redisAsyncCommandArgv(ac, on_reply, l, 2, argv, NULL) == REDIS_OK) {
+            l->pending++;
+            l->oldest_pending_ms = clock_mono_ms();
+        }
+    }
+    if (l->db) {
+        char db[16];
+        snprintf(db, sizeof(db), "%d", l->db);
+        const char *argv[] = {"SELECT", db};
+        if (redisAsyncCommandArgv(ac, on_reply, l, 2, argv, NULL) == REDIS_OK) {
+            if (l->pending++ == 0)
+                l->oldest_pending_ms = clock_mono_ms();
+        }
+    }
+}
+
+static void retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct redis_link *l = arg;
+    if (!l->ac)
+        do_connect(l);
+}
+
+static void watch_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct redis_link *l = arg;
+    if (!l->ac)
+        return;
+    int64_t now = clock_mono_ms();
+    if (!l->connected && now - l->connect_started_ms > l->timeout_ms) {
+        l->stats.timeouts++;
+        LOG_DEBUG("redis_connect_timeout", "host=%s port=%d", l->host, l->port);
+        drop(l, "connect_timeout");
+    } else if (l->connected && l->pending > 0 && now - l->oldest_pending_ms > l->timeout_ms) {
+        l->stats.timeouts++;
+        drop(l, "command_timeout");
+    }
+}
+
+struct redis_link *redis_link_new(struct event_base *base, const char *url,
+                                  const char *instance_id, long timeout_ms,
+                                  redis_link_state_cb cb, void *ud, char *err, size_t errlen)
+{
+    struct redis_link *l = thaw_calloc(1, sizeof(*l));
+    if (!l) {
+        snprintf(err, errlen, "out of memory");
+        return NULL;
+    }
+    if (redis_link_parse_url(url, l->host, sizeof(l->host), &l->port, l->pass, sizeof(l->pass),
+                             &l->db) < 0) {
+        snprintf(err, errlen, "bad redis URL (want redis://[:password@]host[:port][/db])");
+        thaw_free(l);
+        return NULL;
+    }
+    l->base = base;
+    l->timeout_ms = timeout_ms;
+    l->cb = cb;
+    l->ud = ud;
+    l->backoff_ms = BACKOFF_MIN_MS;
+    l->instance_id = thaw_strdup(instance_id);
+    l->retry_timer = evtimer_new(base, retry_cb, l);
+    l->watch_timer = event_new(base, -1, EV_PERSIST, watch_cb, l);
+    if (!l->instance_id || !l->retry_timer || !l->watch_timer) {
+        snprintf(err, errlen, "out of memory");
+        redis_link_free(l);
+        return NULL;
+    }
+    struct timeval tv = {0, WATCH_MS * 1000};
+    event_add(l->watch_timer, &tv);
+    do_connect(l);
+    return l;
+}
+
+void redis_link_free(struct redis_link *l)
+{
+    if (!l)
+        return;
+    if (l->ac) {
+        l->freeing = true;
+        l->ac->data = NULL;
+        redisAsyncFree(l->ac);
+        l->ac = NULL;
+    }
+    if (l->retry_timer)
+        event_free(l->retry_timer);
+    if (l->watch_timer)
+        event_free(l->watch_timer);
+    thaw_free(l->instance_id);
+    thaw_free(l);
+}
+
+bool redis_link_up(const struct redis_link *l) { return l && l->connected; }
+
+int redis_link_wake(struct redis_link *l, const char *model)
+{
+    const char *argv[] = {"PUBLISH", "thaw:wake", model};
+    return send_cmd(l, 3, argv);
+}
+
+int redis_link_held(struct redis_link *l, const char *model, size_t count, int64_t unix_ms)
+{
+    char key[512];
+    int n = snprintf(key, sizeof(key), "thaw:held:%s", model);
+    if (n < 0 || (size_t)n >= sizeof(key))
+        return -1;
+    if (count == 0) {
+        const char *argv[] = {"HDEL", key, l->instance_id};
+        return send_cmd(l, 3, argv);
+    }
+    char val[64];
+    snprintf(val, sizeof(val), "%zu:%lld", count, (long long)unix_ms);
+    const char *argv[] = {"HSET", key, l->instance_id, val};
+    return send_cmd(l, 4, argv);
+}
+
+void redis_link_get_stats(const struct redis_link *l, struct redis_link_stats *out)
+{
+    if (!l) {
+        memset(out, 0, sizeof(*out));
+        return;
+    }
+    *out = l->stats;
+}

@@ -1,0 +1,57 @@
+/* redis_link: the activator's side of the Redis contract, on hiredis async +
+ * libevent.
+ *
+ *   PUBLISH thaw:wake <model>                          on the first held request
+ *   HSET thaw:held:<model> <instance-id> <count>:<unix-ms>   every second while holding
+ *   HDEL thaw:held:<model> <instance-id>               when nothing is held any more
+ *
+ * The link connects in the background and reconnects by itself with a capped
+ * backoff. hiredis 0.14 has no async timeouts, so the link keeps its own: a
+ * connect or a command not answered within timeout_ms drops the connection
+ * (pending callbacks fail) and a new one is made. Redis being down never
+ * blocks callers: commands are refused (-1) and the caller retries later. */
+#ifndef THAW_REDIS_LINK_H
+#define THAW_REDIS_LINK_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+struct event_base;
+struct redis_link;
+
+struct redis_link_stats {
+    uint64_t commands;
+    uint64_t failures;
+    uint64_t connects;   /* successful connections */
+    uint64_t timeouts;
+};
+
+/* Called when the link comes up (true) or goes down (false); may be NULL. */
+typedef void (*redis_link_state_cb)(void *ud, bool up);
+
+/* url: redis://[:password@]host[:port][/db]. Returns NULL with err filled on
+ * a bad URL or allocation failure; never blocks. */
+struct redis_link *redis_link_new(struct event_base *base, const char *url,
+                                  const char *instance_id, long timeout_ms,
+                                  redis_link_state_cb cb, void *ud, char *err, size_t errlen);
+/* Accepts NULL. */
+void redis_link_free(struct redis_link *l);
+
+bool redis_link_up(const struct redis_link *l);
+
+/* PUBLISH thaw:wake model. Returns 0 if sent, -1 if the link is down. */
+int redis_link_wake(struct redis_link *l, const char *model);
+
+/* HSET (count > 0) or HDEL (count == 0) of this instance's field in
+ * thaw:held:<model>. Returns 0 if sent, -1 if the link is down. */
+int redis_link_held(struct redis_link *l, const char *model, size_t count, int64_t unix_ms);
+
+void redis_link_get_stats(const struct redis_link *l, struct redis_link_stats *out);
+
+/* Parses a redis URL. host is copied into host (hostlen); password into pass
+ * (empty when none); db is 0 when absent. Returns 0 or -1. */
+int redis_link_parse_url(const char *url, char *host, size_t hostlen, int *port, char *pass,
+                         size_t passlen, int *db);
+
+#endif

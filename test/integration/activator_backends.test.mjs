@@ -1,0 +1,184 @@
+// thaw-activator backend sets: endpoints file reloaded on change, least
+// outstanding requests balancing, per-endpoint concurrency cap, DNS names,
+// SIGHUP config reload.
+import fs from 'node:fs';
+import http from 'node:http';
+import path from 'node:path';
+import { test } from 'node:test';
+
+import {
+  assert, assertAccounted, complete, freePort, metricSum, request, sleep, startActivator,
+  startFakeVllm, subscribe, waitUntil,
+} from './activator_lib.mjs';
+import { startRedis } from './lib/harness.mjs';
+
+const fast = { probeInitialMs: 5, probeMaxMs: 20 };
+
+function endpointsOf(m, model) {
+  const out = {};
+  for (const [k, v] of m) {
+    const mm = /^thaw_activator_endpoint_requests_total\{model="([^"]+)",endpoint="([^"]+)"\}$/.exec(k);
+    if (mm && mm[1] === model) out[mm[2]] = v;
+  }
+  return out;
+}
+
+test('endpoints file: reloaded on change, least outstanding spreads load, empty file goes cold without a wake', async () => {
+  const redis = await startRedis();
+  const wakes = await subscribe(redis.port, 'thaw:wake');
+  const [p1, p2] = [await freePort(), await freePort()];
+  const f1 = await startFakeVllm({ model: 'pool', port: p1, tokensPerSecond: 50, waitReady: true });
+  const f2 = await startFakeVllm({ model: 'pool', port: p2, tokensPerSecond: 50, waitReady: true });
+  const dir = fs.mkdtempSync(path.join((await import('node:os')).tmpdir(), 'thaw-eps-'));
+  const eps = path.join(dir, 'endpoints');
+  fs.writeFileSync(eps, `# one pod\n127.0.0.1:${p1}\n`);
+  const act = await startActivator({ models: [{ name: 'pool', endpointsFile: eps, ...fast }] },
+    { redisUrl: redis.url });
+  try {
+    assert.equal((await complete(act.port, 'pool')).status, 200);
+    let m = await act.metrics();
+    assert.deepEqual(Object.keys(endpointsOf(m, 'pool')), [`127.0.0.1:${p1}`]);
+
+    fs.writeFileSync(eps, `127.0.0.1:${p1}\n127.0.0.1:${p2}\n`);
+    await waitUntil(async () => metricSum(await act.metrics(), 'thaw_activator_endpoints',
+      { model: 'pool', health: 'healthy' }) === 2, 5000, { what: 'two healthy endpoints' });
+    // 20 concurrent slow requests (10 tokens at 50/s): least outstanding
+    // gives each endpoint about half.
+    const before = endpointsOf(await act.metrics(), 'pool');
+    const rs = await Promise.all(Array.from({ length: 20 }, () => complete(act.port, 'pool', { maxTokens: 10 })));
+    for (const r of rs) assert.equal(r.status, 200);
+    m = await act.metrics();
+    const after_ = endpointsOf(m, 'pool');
+    const d1 = after_[`127.0.0.1:${p1}`] - (before[`127.0.0.1:${p1}`] ?? 0);
+    const d2 = after_[`127.0.0.1:${p2}`] - (before[`127.0.0.1:${p2}`] ?? 0);
+    assert.equal(d1 + d2, 20);
+    assert.ok(Math.abs(d1 - d2) <= 2, `split ${d1}/${d2}`);
+
+    // Scaled to zero by the operator: the list empties, the model goes cold,
+    // and no wake is sent for it.
+    const wakesBefore = wakes.messages.length;
+    fs.writeFileSync(eps, '');
+    await waitUntil(async () => (await act.model('pool')).state === 'cold', 5000, { what: 'cold' });
+    await sleep(300);
+    assert.equal(wakes.messages.length, wakesBefore);
+    // The next request wakes it and waits for an endpoint to appear.
+    const pending = complete(act.port, 'pool');
+    await wakes.waitFor((x) => x.payload === 'pool', 3000);
+    await sleep(200);
+    fs.writeFileSync(eps, `127.0.0.1:${p2}\n`);
+    const r = await pending;
+    assert.equal(r.status, 200);
+    assert.ok(r.headers['x-thaw-cold-start-ms'] !== undefined);
+    // A bad file is ignored (the old list stays).
+    fs.writeFileSync(eps, 'not an endpoint\n');
+    await act.proc.waitForLog(/event=endpoints_file_invalid/, 3000);
+    assert.equal((await complete(act.port, 'pool')).status, 200);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    wakes.close();
+    await f1.stop();
+    await f2.stop();
+    await redis.stop();
+  }
+});
+
+test('per-endpoint concurrency cap: requests over the cap wait, none fail', async () => {
+  let running = 0;
+  let peak = 0;
+  const srv = http.createServer((req, res) => {
+    if (req.url === '/health') { res.end('ok'); return; }
+    running++;
+    peak = Math.max(peak, running);
+    req.resume();
+    setTimeout(() => { running--; res.end('{"ok":true}'); }, 150);
+  });
+  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+  const port = srv.address().port;
+  const act = await startActivator({
+    models: [{ name: 'capped', backend: `http://127.0.0.1:${port}`, maxConcurrencyPerEndpoint: 2, ...fast }],
+  });
+  try {
+    const t0 = Date.now();
+    const rs = await Promise.all(Array.from({ length: 8 }, () => complete(act.port, 'capped')));
+    const dt = Date.now() - t0;
+    for (const r of rs) assert.equal(r.status, 200);
+    assert.equal(peak, 2, `peak concurrency ${peak}`);
+    assert.ok(dt >= 550, `8 requests at 2 at a time took ${dt} ms`);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    srv.closeAllConnections();
+    await new Promise((r) => srv.close(r));
+  }
+});
+
+test('DNS backend: a host name resolved by the activator (localhost via /etc/hosts)', async () => {
+  const port = await freePort();
+  const fv = await startFakeVllm({ model: 'dns', port, waitReady: true });
+  const act = await startActivator({
+    models: [{ name: 'dns', backend: `http://localhost:${port}`, dnsRefreshSeconds: 0.5, ...fast }],
+  });
+  try {
+    const r = await complete(act.port, 'dns');
+    assert.equal(r.status, 200, r.body.toString());
+    const model = await act.model('dns');
+    assert.ok(model.endpoints.some((e) => e.address === `127.0.0.1:${port}`), JSON.stringify(model));
+  } finally {
+    await act.stop();
+    await fv.stop();
+  }
+});
+
+test('SIGHUP reload: models added and changed without dropping connections; a bad file is rejected', async () => {
+  const [p1, p2] = [await freePort(), await freePort()];
+  const f1 = await startFakeVllm({ model: 'a', port: p1, waitReady: true });
+  const f2 = await startFakeVllm({ model: 'b', port: p2, waitReady: true });
+  const cfg = { models: [{ name: 'a', backend: `http://127.0.0.1:${p1}`, ...fast }] };
+  const act = await startActivator(cfg);
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  try {
+    const r1 = await complete(act.port, 'a', { agent });
+    assert.equal(r1.status, 200);
+    assert.equal((await complete(act.port, 'b')).status, 404);
+    act.writeConfig({ models: [...cfg.models, { name: 'b', backend: `http://127.0.0.1:${p2}`, aliases: ['b-*'], ...fast }] });
+    const mark = act.proc.mark();
+    act.proc.proc.kill('SIGHUP');
+    await act.proc.waitForLog(/event=config_reloaded models=2/, 3000, { since: mark });
+    const r2 = await complete(act.port, 'b', { agent });
+    assert.equal(r2.status, 200);
+    assert.equal(r2.socket, r1.socket, 'same client connection across the reload');
+    assert.equal((await act.model('a')).state, 'ready', 'state kept across the reload');
+    // Broken file: rejected, the running config stays.
+    fs.writeFileSync(act.configPath, '{"models": [{"name": "a"}]}');
+    const mark2 = act.proc.mark();
+    act.proc.proc.kill('SIGHUP');
+    await act.proc.waitForLog(/event=reload_rejected .*models\[0\]/, 3000, { since: mark2 });
+    assert.equal((await complete(act.port, 'b', { agent })).status, 200);
+    // Removing a model: it stops routing.
+    act.writeConfig({ models: [{ name: 'b', backend: `http://127.0.0.1:${p2}`, ...fast }] });
+    const mark3 = act.proc.mark();
+    act.proc.proc.kill('SIGHUP');
+    await act.proc.waitForLog(/event=config_reloaded models=1/, 3000, { since: mark3 });
+    assert.equal((await complete(act.port, 'a')).status, 404);
+    assert.equal((await complete(act.port, 'b')).status, 200);
+  } finally {
+    agent.destroy();
+    await act.stop();
+    await f1.stop();
+    await f2.stop();
+  }
+});
+
+test('bad config: a clear message naming the field, exit non-zero', async () => {
+  const { spawnProcess, binPath, tmpDir } = await import('./lib/harness.mjs');
+  const dir = tmpDir();
+  const file = path.join(dir, 'bad.json');
+  fs.writeFileSync(file, JSON.stringify({ models: [{ name: 'x', backend: 'http://h:1', maxHeldRequests: -1 }] }));
+  const p = await spawnProcess(binPath('thaw-activator'), ['--config', file, '--listen', '127.0.0.1:0',
+    '--admin-listen', '127.0.0.1:0']);
+  const code = await p.exited;
+  assert.notEqual(code, 0);
+  assert.match(p.output(), /models\[0\]\.maxHeldRequests/);
+  void request;
+});

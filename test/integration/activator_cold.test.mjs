@@ -1,0 +1,333 @@
+// thaw-activator cold path, against a real Redis and real fake vLLM servers:
+// requests to a model at zero replicas are held, the wake signal and held
+// counts reach Redis, readiness is probed, held requests are released as soon
+// as the backend answers healthy, and every failure mode is an explicit answer.
+// The test plays the scaler: it listens on thaw:wake and starts the backend.
+import { after, before, test } from 'node:test';
+
+import {
+  assert, assertAccounted, complete, freePort, metricSum, request, sleep, startActivator,
+  startFakeVllm, subscribe, waitUntil,
+} from './activator_lib.mjs';
+import { startRedis } from './lib/harness.mjs';
+
+let redis;
+let wakes;
+
+before(async () => {
+  redis = await startRedis();
+  wakes = await subscribe(redis.port, 'thaw:wake');
+});
+
+after(async () => {
+  wakes?.close();
+});
+
+function modelCfg(name, port, extra = {}) {
+  return { name, backend: `http://127.0.0.1:${port}`, probeInitialMs: 5, probeMaxMs: 20, ...extra };
+}
+
+function percentile(values, p) {
+  const v = [...values].sort((a, b) => a - b);
+  return v[Math.min(v.length - 1, Math.ceil((p / 100) * v.length) - 1)];
+}
+
+test('100 requests to a cold model all succeed; wake signal and held count reach Redis; release is fast', async () => {
+  const port = await freePort();
+  const act = await startActivator({ models: [modelCfg('cold1', port)] }, { redisUrl: redis.url });
+  try {
+    const since = wakes.messages.length;
+    const t0 = Date.now();
+    const pending = Array.from({ length: 100 }, (_, i) => complete(act.port, 'cold1', { prompt: `p${i}` }));
+    // The scaler's view: one wake message, then the held count in the hash.
+    const wake = await wakes.waitFor((m) => m.payload === 'cold1' && m.t >= t0, 5000);
+    assert.ok(wake.t - t0 < 1000, `wake after ${wake.t - t0} ms`);
+    const held = await waitUntil(async () => {
+      const v = await redis.cli('HGET', 'thaw:held:cold1', 'act-test');
+      return v && Number(v.split(':')[0]) === 100 ? v : null;
+    }, 5000, { what: 'held count 100 in Redis' });
+    const [, ms] = held.split(':');
+    assert.ok(Math.abs(Number(ms) - Date.now()) < 5000, `fresh timestamp ${ms}`);
+    // Refreshed every second while holding.
+    await sleep(1200);
+    const again = await redis.cli('HGET', 'thaw:held:cold1', 'act-test');
+    assert.ok(Number(again.split(':')[1]) > Number(ms), `${again} after ${held}`);
+    assert.equal((await act.model('cold1')).state, 'waking');
+
+    // Scale up: the backend takes 800 ms to load.
+    const fv = await startFakeVllm({ model: 'cold1', port, loadDelayMs: 800 });
+    const readyAt = await fv.ready();
+    const results = await Promise.all(pending);
+    for (const r of results) {
+      assert.equal(r.status, 200, r.body.toString());
+      assert.ok(Number(r.headers['x-thaw-cold-start-ms']) > 0);
+    }
+    // First healthy answer as logged by the activator, then every response
+    // head within 50 ms of it (p99).
+    const healthy = await act.proc.waitForLog(/event=endpoint_healthy/);
+    const healthyAt = Date.parse(/ts=(\S+)/.exec(healthy.input)[1]);
+    assert.ok(healthyAt >= readyAt - 2, `healthy ${healthyAt} before ready ${readyAt}`);
+    // The activator's part: every held request dispatched within 50 ms of
+    // the first healthy answer (its own log timestamps).
+    let releasedCount = 0;
+    let lastRelease = 0;
+    for (const l of act.proc.lines) {
+      const rm = /event=released model=cold1 count=(\d+)/.exec(l.line);
+      if (rm) {
+        releasedCount += Number(rm[1]);
+        lastRelease = Date.parse(/ts=(\S+)/.exec(l.line)[1]);
+      }
+    }
+    assert.equal(releasedCount, 100);
+    // Timing bounds hold on a plain build; under valgrind everything is ~30x slower.
+    const timed = !process.env.THAW_TEST_WRAPPER;
+    if (timed) {
+      assert.ok(lastRelease - healthyAt < 50, `released ${lastRelease - healthyAt} ms after healthy`);
+      assert.ok(healthyAt - readyAt < 60, `probe noticed readiness after ${healthyAt - readyAt} ms`);
+    }
+    // End to end: response heads after the healthy answer, against the
+    // backend's own latency for 100 concurrent requests sent to it directly.
+    const lat = results.map((r) => r.tHead - healthyAt);
+    const direct = await Promise.all(Array.from({ length: 100 }, () => {
+      const s = Date.now();
+      return complete(port, 'cold1').then((r) => r.tHead - s);
+    }));
+    const p99 = percentile(lat, 99);
+    const d99 = percentile(direct, 99);
+    console.log(`release ms: min ${Math.min(...lat)} p50 ${percentile(lat, 50)} p99 ${p99}; ` +
+      `backend alone p99 ${d99}`);
+    // A sanity bound only: on a shared 2-core machine both figures swing by
+    // tens of ms; the precise check of the 50 ms goal is the one above.
+    if (timed) assert.ok(p99 - d99 < 100, `release p99 ${p99} ms vs backend alone ${d99} ms`);
+
+    // Nothing held any more: the field is removed.
+    await waitUntil(async () => (await redis.cli('HEXISTS', 'thaw:held:cold1', 'act-test')) === '0',
+      3000, { what: 'HDEL of the held field' });
+    assert.equal(wakes.messages.filter((m) => m.payload === 'cold1').length - 0, 1);
+    assert.ok(wakes.messages.length > since);
+    const m = await act.metrics();
+    assert.equal(metricSum(m, 'thaw_activator_requests_total', { model: 'cold1', outcome: 'ok' }), 100);
+    assert.equal(metricSum(m, 'thaw_activator_cold_starts_total', { model: 'cold1' }), 1);
+    assert.equal(metricSum(m, 'thaw_activator_wake_signals_total', { model: 'cold1' }), 1);
+    assert.equal(metricSum(m, 'thaw_activator_hold_duration_seconds_count', { model: 'cold1' }), 100);
+    await assertAccounted(act);
+    await fv.stop();
+  } finally {
+    await act.stop();
+  }
+});
+
+test('hold overflow: the excess gets 503 with Retry-After at once, the rest succeed', async () => {
+  const port = await freePort();
+  const act = await startActivator({
+    limits: { retryAfterSeconds: 7 },
+    models: [modelCfg('over', port, { maxHeldRequests: 10 })],
+  }, { redisUrl: redis.url });
+  try {
+    const first = Array.from({ length: 10 }, () => complete(act.port, 'over'));
+    await waitUntil(async () => (await act.model('over')).held === 10, 5000, { what: '10 held' });
+    const t0 = Date.now();
+    const extra = await Promise.all(Array.from({ length: 5 }, () => complete(act.port, 'over')));
+    for (const r of extra) {
+      assert.equal(r.status, 503);
+      assert.equal(r.headers['retry-after'], '7');
+      assert.equal(JSON.parse(r.body).error.code, 'hold_queue_full');
+    }
+    assert.ok(Date.now() - t0 < 1000);
+    const fv = await startFakeVllm({ model: 'over', port });
+    const ok = await Promise.all(first);
+    for (const r of ok) assert.equal(r.status, 200);
+    const m = await act.metrics();
+    assert.equal(metricSum(m, 'thaw_activator_requests_total', { model: 'over', outcome: 'hold_full' }), 5);
+    await assertAccounted(act);
+    await fv.stop();
+  } finally {
+    await act.stop();
+  }
+});
+
+test('hold deadline: 504 once holdTimeoutSeconds pass without a ready backend', async () => {
+  const port = await freePort();
+  const act = await startActivator({
+    models: [modelCfg('late', port, { holdTimeoutSeconds: 0.6 })],
+  }, { redisUrl: redis.url });
+  try {
+    const t0 = Date.now();
+    const rs = await Promise.all([complete(act.port, 'late'), complete(act.port, 'late')]);
+    const dt = Date.now() - t0;
+    for (const r of rs) {
+      assert.equal(r.status, 504);
+      assert.equal(JSON.parse(r.body).error.code, 'hold_timeout');
+    }
+    assert.ok(dt >= 550 && dt < 1500, `504 after ${dt} ms`);
+    const m = await act.metrics();
+    assert.equal(metricSum(m, 'thaw_activator_requests_total', { model: 'late', outcome: 'hold_timeout' }), 2);
+    // Probing went on the whole time, with backoff.
+    assert.ok(metricSum(m, 'thaw_activator_probes_total', { model: 'late', result: 'fail' }) >= 5);
+    await assertAccounted(act);
+    // Nothing held and the wake went unanswered: back to cold after the timeout.
+    await waitUntil(async () => (await act.model('late')).state === 'cold', 3000, { what: 'cold again' });
+  } finally {
+    await act.stop();
+  }
+});
+
+test('scale-down race: refused connections while ready are held and retried, never an error', async () => {
+  const port = await freePort();
+  const act = await startActivator({ models: [modelCfg('race', port)] }, { redisUrl: redis.url });
+  try {
+    let fv = await startFakeVllm({ model: 'race', port, waitReady: true });
+    // Warm: ready, with pooled connections.
+    for (let i = 0; i < 5; i++) assert.equal((await complete(act.port, 'race')).status, 200);
+    assert.equal((await act.model('race')).state, 'ready');
+    const before = wakes.messages.filter((m) => m.payload === 'race').length;
+    // Scaled down under the activator's feet.
+    await fv.proc.kill();
+    const t0 = Date.now();
+    const pending = Array.from({ length: 10 }, () => complete(act.port, 'race'));
+    await waitUntil(async () => (await act.model('race')).state === 'waking', 3000, { what: 'waking' });
+    await wakes.waitFor((m) => m.payload === 'race' && m.t >= t0, 3000);
+    await sleep(300);
+    fv = await startFakeVllm({ model: 'race', port, loadDelayMs: 200 });
+    const rs = await Promise.all(pending);
+    for (const r of rs) assert.equal(r.status, 200, r.body.toString());
+    assert.ok(rs.every((r) => r.headers['x-thaw-cold-start-ms'] !== undefined));
+    const m = await act.metrics();
+    assert.equal(metricSum(m, 'thaw_activator_model_transitions_total', { model: 'race', from: 'ready', to: 'waking' }), 1);
+    assert.equal(metricSum(m, 'thaw_activator_requests_total', { model: 'race', outcome: 'bad_gateway' }), 0);
+    assert.equal(metricSum(m, 'thaw_activator_requests_total', { model: 'race', outcome: 'ok' }), 15);
+    assert.equal(wakes.messages.filter((x) => x.payload === 'race').length, before + 1);
+    await assertAccounted(act);
+    await fv.stop();
+  } finally {
+    await act.stop();
+  }
+});
+
+test('Redis down: requests are still held and probed; the link reconnects later', async () => {
+  const r2 = await startRedis();
+  const port = await freePort();
+  const act = await startActivator({ models: [modelCfg('nored', port)] },
+    { redisUrl: r2.url, args: ['--redis-timeout-ms', '300'] });
+  try {
+    await waitUntil(async () => metricSum(await act.metrics(), 'thaw_activator_redis_up') === 1, 5000,
+      { what: 'redis up' });
+    await r2.stop();
+    await waitUntil(async () => metricSum(await act.metrics(), 'thaw_activator_redis_up') === 0, 5000,
+      { what: 'redis down seen' });
+    const pending = complete(act.port, 'nored');
+    await waitUntil(async () => (await act.model('nored')).held === 1, 3000, { what: 'held' });
+    const fv = await startFakeVllm({ model: 'nored', port, loadDelayMs: 100 });
+    const r = await pending;
+    assert.equal(r.status, 200);
+    await fv.stop();
+    // Redis back on the same port: the link comes back by itself and the
+    // next cold start is signalled.
+    await r2.restart();
+    const sub = await subscribe(r2.port, 'thaw:wake');
+    await waitUntil(async () => metricSum(await act.metrics(), 'thaw_activator_redis_up') === 1, 10000,
+      { what: 'redis reconnected' });
+    // Ready with a dead backend: the next request finds out and re-wakes.
+    const again = complete(act.port, 'nored');
+    await sub.waitFor((m) => m.payload === 'nored', 5000);
+    const fv2 = await startFakeVllm({ model: 'nored', port });
+    assert.equal((await again).status, 200);
+    sub.close();
+    await fv2.stop();
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await r2.stop();
+  }
+});
+
+test('admin wake ahead of traffic, with wakeWith; unknown model 404', async () => {
+  const [p2, p3] = [await freePort(), await freePort()];
+  const act = await startActivator({
+    models: [modelCfg('w2', p2, { wakeWith: ['w3'] }), modelCfg('w3', p3)],
+  }, { redisUrl: redis.url });
+  try {
+    const t0 = Date.now();
+    const r = await request(act.adminPort, { path: '/models/w2/wake', method: 'POST' });
+    assert.equal(r.status, 202);
+    await wakes.waitFor((m) => m.payload === 'w2' && m.t >= t0, 3000);
+    await wakes.waitFor((m) => m.payload === 'w3' && m.t >= t0, 3000);
+    assert.equal((await act.model('w2')).state, 'waking');
+    assert.equal((await act.model('w3')).state, 'waking');
+    const fv = await startFakeVllm({ model: 'w3', port: p3 });
+    await waitUntil(async () => (await act.model('w3')).state === 'ready', 3000, { what: 'w3 ready' });
+    // Already ready: the first request goes straight through, no hold.
+    const x = await complete(act.port, 'w3');
+    assert.equal(x.status, 200);
+    assert.equal(x.headers['x-thaw-cold-start-ms'], undefined);
+    const nf = await request(act.adminPort, { path: '/models/nope/wake', method: 'POST' });
+    assert.equal(nf.status, 404);
+    const get = await request(act.adminPort, { path: '/models/w2/wake' });
+    assert.equal(get.status, 405);
+    await fv.stop();
+  } finally {
+    await act.stop();
+  }
+});
+
+test('tiers: high-priority requests shed low ones when full and are released first', async () => {
+  const port = await freePort();
+  const act = await startActivator({
+    apiKeyTiers: { 'sk-gold': 'high' },
+    models: [modelCfg('tier', port, { maxHeldRequests: 3, maxConcurrencyPerEndpoint: 1 })],
+  }, { redisUrl: redis.url });
+  try {
+    const done = [];
+    const track = (label, p) => p.then((r) => { done.push({ label, status: r.status, r }); return r; });
+    const lows = [0, 1, 2].map((i) => track(`low${i}`, complete(act.port, 'tier', { headers: { 'x-thaw-priority': 'low' } })));
+    await waitUntil(async () => (await act.model('tier')).held === 3, 3000, { what: '3 held' });
+    const highs = [0, 1].map((i) => track(`high${i}`, complete(act.port, 'tier', {
+      headers: i === 0 ? { 'x-thaw-priority': 'high' } : { authorization: 'Bearer sk-gold' } })));
+    await waitUntil(() => done.length === 2, 3000, { what: 'two lows shed' });
+    for (const d of done) {
+      assert.match(d.label, /^low/);
+      assert.equal(d.status, 503);
+      assert.equal(JSON.parse(d.r.body).error.code, 'shed');
+    }
+    // The newest lows were shed; the oldest low waits behind both highs.
+    assert.deepEqual(done.map((d) => d.label).sort(), ['low1', 'low2']);
+    const fv = await startFakeVllm({ model: 'tier', port });
+    await Promise.all([...lows, ...highs]);
+    const served = done.filter((d) => d.status === 200).map((d) => d.label);
+    assert.deepEqual(served, ['high0', 'high1', 'low0']);
+    await fv.stop();
+  } finally {
+    await act.stop();
+  }
+});
+
+test('SSE heartbeat for long holds: comment lines first, then the token stream', async () => {
+  const port = await freePort();
+  const act = await startActivator({
+    models: [modelCfg('hb', port, { sseHeartbeatSeconds: 0.2 })],
+  }, { redisUrl: redis.url });
+  try {
+    const pending = request(act.port, {
+      path: '/v1/chat/completions',
+      body: { model: 'hb', stream: true, max_tokens: 3, messages: [{ role: 'user', content: 'x' }] },
+    });
+    const plain = complete(act.port, 'hb'); // not streaming: no heartbeat
+    await sleep(700);
+    const fv = await startFakeVllm({ model: 'hb', port });
+    const r = await pending;
+    assert.equal(r.status, 200);
+    assert.equal(r.headers['x-thaw-heartbeat'], '1');
+    const text = r.body.toString();
+    const beats = text.split('\n').filter((l) => l.startsWith(': thaw'));
+    assert.ok(beats.length >= 2, text);
+    assert.ok(text.indexOf(': thaw') < text.indexOf('data: '));
+    assert.ok(text.trimEnd().endsWith('data: [DONE]'), text);
+    const p = await plain;
+    assert.equal(p.status, 200);
+    assert.equal(p.headers['x-thaw-heartbeat'], undefined);
+    await fv.stop();
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+  }
+});
