@@ -22,6 +22,8 @@
 #include "log.h"
 
 #define UNKNOWN_METHOD ((size_t)-1)
+/* Time a new connection has to send the HTTP/2 preface and its SETTINGS. */
+#define GRPC_GREETING_TIMEOUT_SECONDS 10
 
 struct conn;
 
@@ -54,6 +56,7 @@ struct conn {
     struct grpc_call *calls;
     size_t ncalls;
     int in_nghttp2; /* inside mem_recv/mem_send: flushing is done by the caller */
+    int greeted;    /* the client preface and a first frame arrived */
     struct event *flush_ev; /* flushes sends made outside nghttp2 callbacks, batched */
     char peer[64];
     struct conn *prev, *next;
@@ -351,6 +354,15 @@ static void dispatch(struct grpc_call *call)
 
 static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data)
 {
+    struct conn *c = user_data;
+    if (frame->hd.type == NGHTTP2_SETTINGS && !(frame->hd.flags & NGHTTP2_FLAG_ACK) &&
+        !c->greeted) {
+        /* A peer that has spoken HTTP/2 may idle as long as it likes (KEDA
+         * keeps connections between polls); one that never does loses its
+         * slot after the greeting timeout set at accept. */
+        c->greeted = 1;
+        bufferevent_set_timeouts(c->bev, NULL, NULL);
+    }
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
         return 0;
     struct grpc_call *call = nghttp2_session_get_stream_user_data(session, frame->hd.stream_id);
@@ -594,6 +606,8 @@ static void accept_cb(struct evconnlistener *listener, evutil_socket_t fd, struc
     };
     nghttp2_submit_settings(c->session, NGHTTP2_FLAG_NONE, settings, 2);
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
+    struct timeval greeting = {GRPC_GREETING_TIMEOUT_SECONDS, 0};
+    bufferevent_set_timeouts(c->bev, &greeting, NULL);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     conn_flush(c);
 }

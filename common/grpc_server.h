@@ -11,7 +11,9 @@
  * methods get UNIMPLEMENTED; a wrong content-type gets HTTP 415; a request
  * message over max_message gets RESOURCE_EXHAUSTED; zero or several request
  * messages get INTERNAL; output per connection is bounded (backpressure,
- * not unbounded buffering); calls and latency are counted per method and
+ * not unbounded buffering); a connection that has not sent the HTTP/2
+ * preface and SETTINGS within 10 s is closed, one that has may idle; calls
+ * and latency are counted per method and
  * status. Single-threaded: everything runs on the given event loop. */
 #ifndef THAW_GRPC_SERVER_H
 #define THAW_GRPC_SERVER_H

@@ -86,7 +86,10 @@ static const char rs_queue_script[] =
     "return out\n";
 
 /* KEYS[i] = thaw:held:<model>, ARGV = now_ms, fresh_ms. Field values are
- * "<count>:<unix-ms>"; the digit limits keep the sums exact in Lua's doubles. */
+ * "<count>:<unix-ms>"; the digit limits keep the sums exact in Lua's doubles.
+ * Fresh is two-sided: a stamp from more than fresh_ms in the future (an
+ * activator whose clock runs ahead, or garbage) must not hold a model up
+ * forever. */
 static const char rs_held_script[] =
     "local now = tonumber(ARGV[1])\n"
     "local fresh = tonumber(ARGV[2])\n"
@@ -97,7 +100,8 @@ static const char rs_held_script[] =
     "    local kv = redis.call('HGETALL', key)\n"
     "    for j = 2, #kv, 2 do\n"
     "      local c, ts = string.match(kv[j], '^(%d+):(%d+)$')\n"
-    "      if c and #c <= 9 and #ts <= 15 and tonumber(ts) >= now - fresh then\n"
+    "      if c and #c <= 9 and #ts <= 15 and tonumber(ts) >= now - fresh\n"
+    "         and tonumber(ts) <= now + fresh then\n"
     "        sum = sum + tonumber(c)\n"
     "      end\n"
     "    end\n"

@@ -83,7 +83,7 @@ int redis_source_queue_lengths(struct redis_source *src, const struct redis_queu
                                size_t n, redis_queue_cb cb, void *ud);
 
 /* held[i] is the sum of the counts of thaw:held:<models[i]> fields whose
- * timestamp is within fresh_ms of now_unix_ms (fields that fail to parse, or
+ * timestamp is within fresh_ms of now_unix_ms (either side: clock skew) (fields that fail to parse, or
  * with a count over 9 digits, are ignored; a missing key or one that is not a
  * hash counts 0). Same status, copying and calling rules as above. */
 typedef void (*redis_held_cb)(void *ud, int status, const long long *held, size_t n,

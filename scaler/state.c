@@ -18,6 +18,12 @@
 struct model_sig {
     char *name;
     double token_rate;
+    /* Missing from the last Prometheus answer since then (0 = present). A
+     * series vanishing while a model is busy is more often a gap in the data
+     * (Prometheus restarted, a scrape failed) than a model gone idle, so the
+     * last rate is kept, marked stale, for up to the staleness limit. */
+    int64_t absent_since_ms;
+    bool seen_in_answer;
     double held;
     int64_t wake_until_ms;
     uint64_t wakes;
@@ -45,6 +51,7 @@ struct target {
     struct policy_state pstate;
     struct policy_decision decision;
     bool decided;
+    enum policy_direction change_direction; /* of the last change, for "why" views */
     int64_t last_seen_ms;
     int64_t last_change_ms;
     int refs;
@@ -195,8 +202,10 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
         .token_rate = t->model->token_rate,
         .queue = t->queue->length,
         .held = effective_held(t->model, now_ms),
-        .token_rate_stale = st->src[SOURCE_PROMETHEUS].failing,
-        .queue_stale = st->src[SOURCE_REDIS_QUEUE].failing,
+        .token_rate_stale = st->src[SOURCE_PROMETHEUS].failing || t->model->absent_since_ms != 0,
+        /* A key not read yet (new target, or redisKey just changed) is not
+         * evidence of an empty queue. */
+        .queue_stale = st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured,
         .held_stale = st->src[SOURCE_REDIS_HELD].failing,
     };
     struct policy_decision prev = t->decision;
@@ -206,6 +215,7 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
     if (had && !decision_differs(&prev, &t->decision))
         return;
     t->last_change_ms = now_ms;
+    t->change_direction = t->decision.direction;
     st->decision_changes++;
     t->model->decisions[t->decision.direction][t->decision.reason]++;
     LOG_INFO("decision",
@@ -436,13 +446,35 @@ void scaler_state_prom_ok(struct scaler_state *st, const struct prom_sample *sam
     size_t cur = 0;
     const char *key;
     void *value;
-    /* Absent from the answer means no series: no pods, so no tokens. */
-    while (strmap_next(st->models, &cur, &key, &value))
-        ((struct model_sig *)value)->token_rate = 0;
+    /* Mark every model absent, then clear the mark for those in the answer. */
+    while (strmap_next(st->models, &cur, &key, &value)) {
+        struct model_sig *m = value;
+        if (m->absent_since_ms == 0)
+            m->absent_since_ms = now_ms;
+        m->seen_in_answer = false;
+    }
     for (size_t i = 0; i < n; i++) {
         struct model_sig *m = strmap_get(st->models, samples[i].label_value);
-        if (m && samples[i].value > 0 && isfinite(samples[i].value))
+        if (!m)
+            continue;
+        if (!m->seen_in_answer) {
+            m->seen_in_answer = true;
+            m->absent_since_ms = 0;
+            m->token_rate = 0;
+        }
+        if (samples[i].value > 0 && isfinite(samples[i].value))
             m->token_rate += samples[i].value; /* duplicate label values: sum */
+    }
+    cur = 0;
+    while (strmap_next(st->models, &cur, &key, &value)) {
+        struct model_sig *m = value;
+        /* Absent with nothing to keep, or absent for too long: no series
+         * means no pods, so no tokens. */
+        if (m->absent_since_ms != 0 &&
+            (m->token_rate == 0 || now_ms - m->absent_since_ms > st->cfg.staleness_limit_ms)) {
+            m->token_rate = 0;
+            m->absent_since_ms = 0;
+        }
     }
     source_ok(st, SOURCE_PROMETHEUS, now_ms);
     scaler_state_tick(st, now_ms);
@@ -643,7 +675,7 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
                 if (expo_labels(labels, sizeof(labels), "namespace", t->ns, "scaledobject",
                                 t->name, "model", t->spec.model, "reason",
                                 policy_reason_to_str(t->decision.reason), "direction",
-                                policy_direction_to_str(t->decision.direction),
+                                policy_direction_to_str(t->change_direction),
                                 (char *)NULL) < 0)
                     continue;
                 expo_sample(out, per_target[f][0], labels, 1);
@@ -751,11 +783,11 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
             "namespace", t->ns, "scaledObject", t->name, "model", t->spec.model, "inputs",
             "tokenRate", t->model->token_rate, "queueLength", t->queue->length, "heldRequests",
             effective_held(t->model, now_ms), "redisKey", t->spec.redis_key, "tokenRateStale",
-            (int)st->src[SOURCE_PROMETHEUS].failing, "queueStale",
-            (int)st->src[SOURCE_REDIS_QUEUE].failing, "heldStale",
+            (int)(st->src[SOURCE_PROMETHEUS].failing || t->model->absent_since_ms != 0),
+            "queueStale", (int)(st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured), "heldStale",
             (int)st->src[SOURCE_REDIS_HELD].failing, "desired", (json_int_t)d->desired, "raw",
             (json_int_t)d->raw, "active", (int)d->active, "reason",
-            policy_reason_to_str(d->reason), "direction", policy_direction_to_str(d->direction),
+            policy_reason_to_str(d->reason), "direction", policy_direction_to_str(t->change_direction),
             "secondsSinceChange", (double)(now_ms - t->last_change_ms) / 1000.0,
             "beyondStalenessLimit", (int)target_beyond_staleness(st, t, now_ms), "targets",
             "tokensPerSecond", t->spec.target_tokens_per_second, "queueLength",

@@ -41,6 +41,16 @@ static struct scaler_spec spec_for(const char *model, const char *key)
     return s;
 }
 
+/* Every queue reads empty, as after a first Redis round trip. */
+static void queues_empty(struct scaler_state *st, int64_t now)
+{
+    const struct redis_queue_query *q;
+    size_t n = scaler_state_queue_batch(st, &q);
+    long long zeros[8] = {0};
+    assert_true(n <= 8);
+    scaler_state_queue_ok(st, zeros, n, now);
+}
+
 static void test_targets_share_signals(void **unused)
 {
     struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
@@ -68,10 +78,21 @@ static void test_targets_share_signals(void **unused)
     assert_int_equal(target_decision(t2)->reason, POLICY_REASON_QUEUE);
     assert_int_equal(target_decision(t1)->desired, 2); /* -1 (wrong type) counts as 0 */
 
-    /* A model absent from the next answer has rate 0. */
+    /* A busy model missing from the next answer is a gap in the data, not
+     * idleness: its rate is kept (stale) up to the staleness limit... */
     scaler_state_prom_ok(st, NULL, 0, 300);
+    assert_int_equal(target_decision(t1)->desired, 2);
+    assert_true(target_decision(t1)->active);
+    scaler_state_prom_ok(st, NULL, 0, 10300);
+    assert_int_equal(target_decision(t1)->desired, 2);
+    /* ...then no series means no pods, so no tokens. */
+    scaler_state_prom_ok(st, NULL, 0, 10301);
     assert_int_equal(target_decision(t1)->desired, 0);
     assert_false(target_decision(t1)->active);
+    /* Present again with 0: idle at once. */
+    struct prom_sample zero[] = {{"m1", 0}};
+    scaler_state_prom_ok(st, zero, 1, 10400);
+    assert_int_equal(target_decision(t1)->desired, 0);
     metadata_spec_finish(&a);
     metadata_spec_finish(&b);
     scaler_state_free(st);
@@ -82,6 +103,7 @@ static void test_held_and_wake(void **unused)
     struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
     struct scaler_spec a = spec_for("m1", NULL);
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    queues_empty(st, 1);
     const char *const *models;
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
     assert_string_equal(models[0], "m1");
@@ -113,6 +135,7 @@ static void test_fail_safe_and_staleness(void **unused)
     struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
     struct scaler_spec a = spec_for("m1", NULL);
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    queues_empty(st, 1);
     struct prom_sample s[] = {{"m1", 3000}};
     scaler_state_prom_ok(st, s, 1, 100);
     assert_int_equal(target_decision(t)->desired, 3);
@@ -127,7 +150,8 @@ static void test_fail_safe_and_staleness(void **unused)
     assert_int_equal(target_decision(t)->desired, 3);
     assert_true(target_decision(t)->active);
     /* Recovery with fresh data scales down at once (window 0). */
-    scaler_state_prom_ok(st, NULL, 0, 21000);
+    struct prom_sample zero[] = {{"m1", 0}};
+    scaler_state_prom_ok(st, zero, 1, 21000);
     long long held = 0;
     scaler_state_held_ok(st, &held, 1, 21000);
     assert_int_equal(target_decision(t)->desired, 0);
@@ -152,9 +176,16 @@ static void test_spec_change_and_gc(void **unused)
     struct scaler_spec a = spec_for("m1", "k1");
     struct scaler_spec b = spec_for("m1", "k2");
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    const struct redis_queue_query *q;
+    assert_int_equal(scaler_state_queue_batch(st, &q), 1);
+    long long len = 70;
+    scaler_state_queue_ok(st, &len, 1, 5);
+    assert_int_equal(target_decision(t)->desired, 7);
+    /* redisKey changes: until the new key is read, the decision holds. */
     assert_ptr_equal(scaler_state_upsert(st, "ns", "so", &b, 10), t);
     assert_string_equal(target_spec(t)->redis_key, "k2");
-    const struct redis_queue_query *q;
+    assert_int_equal(target_decision(t)->desired, 7);
+    assert_true(target_decision(t)->active);
     scaler_state_gc(st, 20);
     assert_int_equal(scaler_state_queue_batch(st, &q), 1); /* k1 is gone */
     assert_string_equal(q[0].key, "k2");

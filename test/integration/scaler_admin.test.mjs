@@ -1,0 +1,255 @@
+// thaw-scaler's HTTP port and lifecycle: /metrics checked by promtool and
+// against the calls actually made, /models, /healthz, /readyz, and SIGTERM
+// with streams open (they end with status OK, the process exits 0).
+// Real peers: redis-server and a prometheus with no targets.
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import http2 from 'node:http2';
+import net from 'node:net';
+import { after, before, test } from 'node:test';
+
+import { loadGrpc, startPrometheus, startRedis, waitUntil } from './lib/harness.mjs';
+import {
+  parseExposition, sampleValue, scaledObjectRef, separateConnectionClient, sleep, startScaler,
+  waitDesired,
+} from './lib/scaler_env.mjs';
+
+const PROMTOOL = '/usr/bin/promtool';
+const M = (name) => `/externalscaler.ExternalScaler/${name}`;
+const HEALTH = '/grpc.health.v1.Health/Check';
+
+let redis;
+let prom;
+let scaler;
+let client;
+
+before(async () => {
+  [redis, prom] = await Promise.all([startRedis(), startPrometheus({ scrapeTargets: [] })]);
+  scaler = await startScaler({ prometheusUrl: prom.url, redisUrl: redis.url });
+  client = scaler.client;
+  await client.waitForReady(5000);
+});
+
+after(async () => {
+  if (scaler && scaler.proc.exitCode === null) await scaler.stop();
+});
+
+/** Runs `promtool check metrics` on text: {code, output}. */
+function promtoolCheck(text) {
+  return new Promise((resolve) => {
+    const child = execFile(PROMTOOL, ['check', 'metrics'], { timeout: 20000 }, (err, stdout, stderr) => {
+      resolve({ code: err ? (err.code ?? 1) : 0, output: (stdout + stderr).trim() });
+    });
+    child.stdin.end(text);
+  });
+}
+
+test('/metrics passes promtool and counts gRPC calls by method and code', async () => {
+  const ok = scaledObjectRef('adm-so', { model: 'adm-m', targetQueueLength: '10' });
+  const bad = scaledObjectRef('adm-bad', { model: 'adm-m', targetQueueLength: 'many' });
+  await redis.cli('LPUSH', 'thaw:queue:adm-m', ...Array.from({ length: 25 }, (_, i) => i));
+  await client.getMetricSpec(ok);                               // GetMetricSpec OK 1
+  await waitDesired(client, ok, 3, 5000);                       // GetMetrics OK >= 1 (counted below)
+  for (let i = 0; i < 3; i++) await client.isActive(ok);        // IsActive OK 3
+  for (let i = 0; i < 2; i++) await client.isActive(bad).catch(() => {}); // IsActive INVALID_ARGUMENT 2
+  await client.healthCheck('');                                 // Check OK 1
+  await client.healthCheck('nope').catch(() => {});             // Check NOT_FOUND 1
+  await client.unaryRaw('/x.Y/Z', Buffer.alloc(0)).catch(() => {}); // unknown UNIMPLEMENTED 1
+  const s = client.streamIsActive(ok);
+  await s.waitFor((m) => m.result === true, 3000);
+  s.cancel();                                                   // StreamIsActive CANCELLED 1
+  await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_active_streams') === 0,
+    3000, { what: 'stream released' });
+
+  // One log line per decision change, not per evaluation (ticks run every
+  // second, Redis batches every 200 ms).
+  const quiet = scaler.proc.mark();
+  await sleep(1500);
+  const repeated = scaler.proc.lines.slice(quiet).filter((l) => /event=decision .*scaledobject=adm-so /.test(l.line));
+  assert.equal(repeated.length, 0, repeated.map((l) => l.line).join('\n'));
+
+  const res = await scaler.get('/metrics');
+  assert.equal(res.status, 200);
+  assert.match(res.headers.get('content-type'), /^text\/plain; version=0\.0\.4/);
+  const check = await promtoolCheck(res.text);
+  assert.equal(check.code, 0, `promtool exit code; it said:\n${check.output}`);
+  assert.equal(check.output, '', 'promtool reported problems');
+
+  const m = parseExposition(res.text);
+  const handled = (method, code) =>
+    sampleValue(m, 'thaw_scaler_grpc_server_handled_total', { method, code });
+  const getMetricsOk = handled(M('GetMetrics'), 'OK');
+  assert.ok(getMetricsOk >= 1);
+  assert.equal(handled(M('GetMetricSpec'), 'OK'), 1);
+  assert.equal(handled(M('IsActive'), 'OK'), 3);
+  assert.equal(handled(M('IsActive'), 'INVALID_ARGUMENT'), 2);
+  assert.equal(handled(HEALTH, 'OK'), 1);
+  assert.equal(handled(HEALTH, 'NOT_FOUND'), 1);
+  assert.equal(handled('unknown', 'UNIMPLEMENTED'), 1);
+  assert.equal(handled(M('StreamIsActive'), 'CANCELLED'), 1);
+  const hist = (suffix, method, extra = {}) =>
+    sampleValue(m, `thaw_scaler_grpc_server_handling_seconds${suffix}`, { method, ...extra });
+  assert.equal(hist('_count', M('IsActive')), 5, 'latency observed for every IsActive');
+  assert.equal(hist('_bucket', M('IsActive'), { le: '+Inf' }), 5);
+  assert.equal(hist('_count', M('GetMetrics')), getMetricsOk);
+  assert.ok(hist('_sum', M('IsActive')) >= 0);
+
+  // The families the issue asks for: inputs, decisions with direction and
+  // reason, pushes, source health and errors.
+  const labels = { namespace: 'default', scaledobject: 'adm-so', model: 'adm-m' };
+  assert.equal(sampleValue(m, 'thaw_scaler_desired_replicas', labels), 3);
+  assert.equal(sampleValue(m, 'thaw_scaler_active', labels), 1);
+  assert.equal(sampleValue(m, 'thaw_scaler_input_queue_length', labels), 25);
+  assert.equal(sampleValue(m, 'thaw_scaler_input_token_rate', { model: 'adm-m' }), 0);
+  assert.equal(sampleValue(m, 'thaw_scaler_input_held_requests', { model: 'adm-m' }), 0);
+  // decision_info's direction is that of the latest evaluation (re-run every
+  // tick), so only the reason is stable here.
+  assert.equal(sampleValue(m, 'thaw_scaler_decision_info', { ...labels, reason: 'queue' }), 1);
+  assert.ok(sampleValue(m, 'thaw_scaler_decisions_total', { model: 'adm-m', direction: 'up', reason: 'queue' }) >= 1);
+  assert.ok(sampleValue(m, 'thaw_scaler_pushes_total', { cause: 'decision_change' }) >= 0);
+  for (const src of ['prometheus', 'redis_queue', 'redis_held']) {
+    assert.equal(sampleValue(m, 'thaw_scaler_source_up', { source: src }), 1, src);
+    assert.equal(sampleValue(m, 'thaw_scaler_source_errors_total', { source: src }), 0, src);
+    assert.ok(sampleValue(m, 'thaw_scaler_source_updates_total', { source: src }) >= 1, src);
+  }
+  assert.equal(sampleValue(m, 'thaw_scaler_targets'), 1, 'the bad ref never became a target');
+  assert.ok(sampleValue(m, 'thaw_scaler_grpc_server_connections') >= 1);
+  assert.ok(sampleValue(m, 'process_resident_memory_bytes') > 1e6);
+});
+
+test('/metrics still passes promtool with awkward label values', async () => {
+  // Quotes, backslashes and non-ASCII in model, name and namespace.
+  const ref = scaledObjectRef('so "quoted" \\ back', { model: 'mod\\el "x" ü' }, 'ns-ü');
+  await client.getMetricSpec(ref);
+  const text = await scaler.metricsText();
+  const check = await promtoolCheck(text);
+  assert.equal(check.code, 0, `promtool exit code; it said:\n${check.output}`);
+  assert.equal(check.output, '');
+  const m = parseExposition(text);
+  assert.equal(sampleValue(m, 'thaw_scaler_desired_replicas',
+    { namespace: 'ns-ü', scaledobject: 'so "quoted" \\ back', model: 'mod\\el "x" ü' }), 0);
+});
+
+test('/models: per target its inputs, staleness, decision and targets', async () => {
+  const all = await scaler.models();
+  assert.ok(Array.isArray(all));
+  const e = all.find((x) => x.scaledObject === 'adm-so');
+  assert.ok(e, JSON.stringify(all));
+  assert.deepEqual(Object.keys(e).sort(), ['active', 'beyondStalenessLimit', 'desired', 'direction',
+    'inputs', 'model', 'namespace', 'raw', 'reason', 'scaledObject', 'secondsSinceChange', 'targets'].sort());
+  assert.equal(e.namespace, 'default');
+  assert.equal(e.model, 'adm-m');
+  assert.deepEqual(e.inputs, {
+    tokenRate: 0, queueLength: 25, heldRequests: 0, redisKey: 'thaw:queue:adm-m',
+    tokenRateStale: false, queueStale: false, heldStale: false,
+  });
+  assert.equal(e.desired, 3);
+  assert.equal(e.raw, 3);
+  assert.equal(e.active, true);
+  assert.equal(e.reason, 'queue');
+  assert.equal(typeof e.secondsSinceChange, 'number');
+  assert.ok(e.secondsSinceChange >= 0);
+  assert.equal(e.beyondStalenessLimit, false);
+  assert.deepEqual(e.targets, { tokensPerSecond: 1000, queueLength: 10, activationTokenRate: 0, activationQueueLength: 0 });
+  const res = await scaler.get('/models');
+  assert.match(res.headers.get('content-type'), /^application\/json/);
+});
+
+test('/healthz and /readyz answer 200; other paths 404; POST refused', async () => {
+  const h = await scaler.get('/healthz');
+  assert.equal(h.status, 200);
+  assert.equal(h.text, 'ok\n');
+  const r = await scaler.get('/readyz');
+  assert.equal(r.status, 200);
+  assert.equal((await scaler.get('/nope')).status, 404);
+  // libevent answers a method outside the allowed set with 501.
+  assert.ok([405, 501].includes((await scaler.get('/metrics', { method: 'POST', body: 'x' })).status));
+  const head = await scaler.get('/healthz', { method: 'HEAD' });
+  assert.equal(head.status, 200);
+});
+
+test('SIGTERM with streams open: they end with status OK and the process exits 0', async () => {
+  const active = scaledObjectRef('term-active', { model: 'adm-m' });
+  const idle = scaledObjectRef('term-idle', { model: 'term-idle-m' });
+  const { grpc } = client;
+  const others = [separateConnectionClient(scaler.address), separateConnectionClient(scaler.address)];
+  const streams = [];
+  for (let i = 0; i < 10; i++) {
+    const call = others[i % 2].StreamIsActive(i % 2 ? active : idle);
+    const s = { call, got: [], status: null, error: null, ended: false };
+    call.on('data', (msg) => s.got.push(msg.result));
+    call.on('status', (st) => { s.status = st; });
+    call.on('error', (e) => { s.error = e; });
+    call.on('end', () => { s.ended = true; });
+    streams.push(s);
+  }
+  await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_active_streams') === 10,
+    5000, { what: '10 streams open' });
+  await waitUntil(() => streams.filter((s, i) => i % 2 && s.got.includes(true)).length === 5, 3000,
+    { what: 'true on the active model\'s streams' });
+
+  const mark = scaler.proc.mark();
+  const t0 = Date.now();
+  scaler.proc.proc.kill('SIGTERM');
+  const code = await Promise.race([scaler.proc.exited, sleep(5000).then(() => 'timeout')]);
+  const took = Date.now() - t0;
+  assert.equal(code, 0, `exit code after SIGTERM (${took} ms); output:\n${scaler.proc.output().slice(-2000)}`);
+  assert.ok(took < 3000, `exited after ${took} ms`);
+  await scaler.proc.waitForLog(/event=shutdown signal=15 streams=10/, 1000, { since: mark });
+  await scaler.proc.waitForLog(/event=stopped streams_left=0/, 1000, { since: mark });
+
+  await waitUntil(() => streams.every((s) => s.status !== null), 3000, { what: 'all streams ended' });
+  for (const [i, s] of streams.entries()) {
+    assert.equal(s.status.code, grpc.status.OK,
+      `stream ${i}: status ${s.status.code} ${s.status.details}`);
+    assert.equal(s.error, null, `stream ${i}: ${s.error?.message}`);
+  }
+  for (const cl of others) cl.close();
+});
+
+test('SIGTERM with a client that reads nothing: /readyz 503, exit 0 after --shutdown-timeout-seconds', async () => {
+  const slow = await startScaler({
+    prometheusUrl: prom.url,
+    redisUrl: redis.url,
+    name: 'thaw-scaler-slowclient',
+    flags: { 'shutdown-timeout-seconds': 2 },
+  });
+  const ref = scaledObjectRef('slow-so', { model: 'slow-m' });
+  await redis.cli('RPUSH', 'thaw:queue:slow-m', 1, 2, 3);
+  await waitDesired(slow.client, ref, 1, 5000);
+
+  // A stream window of 0: the server's `true` can never be sent, so neither
+  // can the trailers that end the stream.
+  const { packageDefinition } = loadGrpc();
+  const msg = packageDefinition['externalscaler.ExternalScaler'].StreamIsActive.requestSerialize(ref);
+  const session = http2.connect(`http://127.0.0.1:${slow.grpcPort}`, { settings: { initialWindowSize: 0 } });
+  session.on('error', () => {});
+  const req = session.request({ ':method': 'POST', ':path': '/externalscaler.ExternalScaler/StreamIsActive',
+    'content-type': 'application/grpc', te: 'trailers' });
+  req.on('error', () => {});
+  req.end(Buffer.concat([Buffer.from([0, 0, 0, 0, msg.length]), msg]));
+  // And a peer that never finished its preface.
+  const stalled = net.connect({ port: slow.grpcPort, host: '127.0.0.1' });
+  stalled.on('error', () => {});
+  stalled.write('PRI * HTTP/2.0\r\n');
+  try {
+    await waitUntil(async () => sampleValue(await slow.metrics(), 'thaw_scaler_active_streams') === 1, 3000,
+      { what: 'the slow stream open' });
+    const mark = slow.proc.mark();
+    const t0 = Date.now();
+    slow.proc.proc.kill('SIGTERM');
+    await slow.proc.waitForLog(/event=shutdown /, 2000, { since: mark });
+    const ready = await slow.get('/readyz');
+    assert.equal(ready.status, 503, '/readyz while shutting down');
+    assert.equal((await slow.get('/healthz')).status, 200, '/healthz while shutting down');
+    const code = await Promise.race([slow.proc.exited, sleep(6000).then(() => 'timeout')]);
+    const took = Date.now() - t0;
+    assert.equal(code, 0, `exit code after SIGTERM (${took} ms)`);
+    assert.ok(took >= 1800 && took < 4000, `exit after ${took} ms with a 2 s shutdown timeout`);
+    await slow.proc.waitForLog(/event=shutdown_timeout connections=1/, 1000, { since: mark });
+  } finally {
+    stalled.destroy();
+    session.destroy();
+    slow.client.close();
+  }
+});

@@ -1,0 +1,330 @@
+// thaw-scaler's signals, end to end with real peers: a prometheus scraping the
+// fake vLLM exporter every second (token rates), a redis-server (queue keys of
+// every type, held counts from activators, wake messages), and the scaler
+// answering KEDA's calls from what it gathered.
+import assert from 'node:assert/strict';
+import { performance } from 'node:perf_hooks';
+import { after, before, test } from 'node:test';
+
+import { startPrometheus, startRedis, waitUntil } from './lib/harness.mjs';
+import {
+  getDesired, percentile, respConnect, sampleValue, scaledObjectRef, separateConnectionClient,
+  sleep, startFakeExporter, startScaler, waitActive, waitDesired,
+} from './lib/scaler_env.mjs';
+
+let exporter;
+let prom;
+let redis;
+let scaler;
+let client;
+
+before(async () => {
+  exporter = await startFakeExporter({ a: 100, b: 2500 });
+  [prom, redis] = await Promise.all([
+    startPrometheus({ scrapeTargets: [exporter.target], scrapeInterval: '1s' }),
+    startRedis(),
+  ]);
+  scaler = await startScaler({ prometheusUrl: prom.url, redisUrl: redis.url });
+  client = scaler.client;
+  await client.waitForReady(5000);
+});
+
+after(async () => {
+  if (scaler) {
+    const code = await scaler.stop();
+    assert.equal(code, 0, `thaw-scaler exit code; output:\n${scaler.proc.output().slice(-3000)}`);
+  }
+});
+
+const nowMs = () => Date.now();
+
+test('desired replicas follow the token rate Prometheus reports', async (t) => {
+  const refB = scaledObjectRef('tok-b', { model: 'b', targetTokensPerSecond: '1000' });
+  const refA = scaledObjectRef('tok-a', { model: 'a', targetTokensPerSecond: '1000' });
+  const refC = scaledObjectRef('tok-c', { model: 'c-not-served', targetTokensPerSecond: '1000' });
+  // KEDA's first calls register the targets; the rates come from then on.
+  for (const r of [refA, refB, refC]) await client.getMetricSpec(r);
+
+  const mark = scaler.proc.mark();
+  await waitDesired(client, refB, 3, 25000);        // 2500 / 1000 -> 3
+  await waitDesired(client, refA, 1, 5000);         // 100 / 1000 -> 1
+  assert.deepEqual(await getDesired(client, refC), { value: 0, valueFloat: 0, metricName: 'thaw-c-not-served' });
+  assert.deepEqual(await client.isActive(refB), { result: true });
+  assert.deepEqual(await client.isActive(refC), { result: false });
+
+  // rate() over a window the series only partly fills under-reads (its
+  // extrapolation is capped), so the reading climbs to 2500 over ~5 s.
+  const b = await waitUntil(async () => {
+    const e = await scaler.model('tok-b');
+    return Math.abs(e.inputs.tokenRate - 2500) < 250 ? e : null;
+  }, 10000, { what: 'token rate of b near 2500' });
+  assert.equal(b.reason, 'token_rate');
+  assert.equal(b.active, true);
+  assert.equal(b.desired, 3);
+  assert.equal(b.inputs.tokenRateStale, false);
+  await scaler.proc.waitForLog(/event=decision .*scaledobject=tok-b model=b desired=3 .*active=true .*reason=token_rate/,
+    2000, { since: mark });
+
+  // One query per interval for all models (0.5 s interval here).
+  const before1 = sampleValue(await scaler.metrics(), 'thaw_scaler_source_round_trips_total', { service: 'prometheus' });
+  await sleep(2000);
+  const after1 = sampleValue(await scaler.metrics(), 'thaw_scaler_source_round_trips_total', { service: 'prometheus' });
+  t.diagnostic(`prometheus round trips in 2 s with 3 models: ${after1 - before1}`);
+  assert.ok(after1 - before1 >= 3 && after1 - before1 <= 5, `round trips in 2 s: ${after1 - before1}`);
+
+  await exporter.setRate('b', 4500);
+  await waitDesired(client, refB, 5, 15000);
+  assert.equal((await scaler.model('tok-b')).reason, 'token_rate');
+
+  await exporter.setRate('b', 0);
+  await waitDesired(client, refB, 0, 15000);
+  assert.deepEqual(await client.isActive(refB), { result: false });
+  const idle = await scaler.model('tok-b');
+  assert.equal(idle.reason, 'idle');
+  assert.equal(idle.inputs.tokenRate, 0);
+  // Model a was untouched.
+  assert.equal((await getDesired(client, refA)).value, 1);
+});
+
+test('activationTokenRate: IsActive is true only above it', async () => {
+  const hi = scaledObjectRef('act-hi', { model: 'a', activationTokenRate: '150' });
+  const lo = scaledObjectRef('act-lo', { model: 'a', activationTokenRate: '50' });
+  await client.getMetricSpec(hi);
+  await client.getMetricSpec(lo);
+  await waitActive(client, lo, true, 5000);               // 100 > 50
+  assert.deepEqual(await client.isActive(hi), { result: false }); // 100 <= 150
+  // Below the activation threshold replicas are still computed.
+  assert.equal((await getDesired(client, hi)).value, 1);
+  await exporter.setRate('a', 300);
+  await waitActive(client, hi, true, 15000);
+  await exporter.setRate('a', 100);
+  await waitActive(client, hi, false, 15000);
+  assert.deepEqual(await client.isActive(lo), { result: true });
+});
+
+test('a Redis list, sorted set and stream drive desired replicas', async () => {
+  const list = scaledObjectRef('q-list', { model: 'q-list', targetQueueLength: '10' });
+  const zset = scaledObjectRef('q-zset', { model: 'q-zset', targetQueueLength: '5', redisKey: 'jobs:zset' });
+  const stream = scaledObjectRef('q-stream', { model: 'q-stream', targetQueueLength: '4', redisKey: 'jobs:stream' });
+  const wrong = scaledObjectRef('q-wrong', { model: 'q-wrong', redisKey: 'jobs:string' });
+  for (const r of [list, zset, stream, wrong]) await client.getMetricSpec(r);
+
+  const mark = scaler.proc.mark();
+  await redis.cli('LPUSH', 'thaw:queue:q-list', ...Array.from({ length: 35 }, (_, i) => `j${i}`));
+  const zargs = [];
+  for (let i = 0; i < 23; i++) zargs.push(i, `m${i}`);
+  await redis.cli('ZADD', 'jobs:zset', ...zargs);
+  for (let i = 0; i < 12; i++) await redis.cli('XADD', 'jobs:stream', '*', 'n', i);
+  await redis.cli('SET', 'jobs:string', 'not a queue');
+
+  await waitDesired(client, list, 4, 5000);     // ceil(35 / 10)
+  await waitDesired(client, zset, 5, 5000);     // ceil(23 / 5)
+  await waitDesired(client, stream, 3, 5000);   // ceil(12 / 4)
+  for (const r of [list, zset, stream]) assert.deepEqual(await client.isActive(r), { result: true });
+  const e = await scaler.model('q-list');
+  assert.equal(e.reason, 'queue');
+  assert.equal(e.inputs.queueLength, 35);
+  assert.equal(e.inputs.redisKey, 'thaw:queue:q-list');
+  assert.equal((await scaler.model('q-zset')).inputs.queueLength, 23);
+
+  // A key of another type counts as empty, and is reported once.
+  await scaler.proc.waitForLog(/event=queue_key_unsupported key="?jobs:string/, 3000, { since: mark });
+  assert.deepEqual(await getDesired(client, wrong), { value: 0, valueFloat: 0, metricName: 'thaw-q-wrong' });
+
+  // Draining moves desired down (stabilization is 0 here).
+  await redis.cli('LTRIM', 'thaw:queue:q-list', 0, 10);   // 11 left
+  await waitDesired(client, list, 2, 5000);
+  await redis.cli('ZREMRANGEBYRANK', 'jobs:zset', 0, -1);
+  await waitDesired(client, zset, 0, 5000);
+  assert.deepEqual(await client.isActive(zset), { result: false });
+});
+
+test('a stream with a consumer group counts pending + lag', async () => {
+  // targetQueueLength 1: desired is the count itself.
+  const grp = scaledObjectRef('q-grp', { model: 'q-grp', targetQueueLength: '1', redisKey: 'jobs:grp', redisStreamGroup: 'workers' });
+  const plain = scaledObjectRef('q-grp-xlen', { model: 'q-grp-xlen', targetQueueLength: '10', redisKey: 'jobs:grp' });
+  const late = scaledObjectRef('q-late', { model: 'q-late', targetQueueLength: '1', redisKey: 'jobs:late', redisStreamGroup: 'g2' });
+  for (const r of [grp, plain, late]) await client.getMetricSpec(r);
+
+  const r = await respConnect(redis.port);
+  try {
+    for (let i = 0; i < 30; i++) await r.command('XADD', 'jobs:grp', '*', 'n', i);
+    await r.command('XGROUP', 'CREATE', 'jobs:grp', 'workers', '0');
+    await waitDesired(client, grp, 30, 5000);           // 0 pending + 30 lag
+    await waitDesired(client, plain, 3, 5000);          // same key, no group: XLEN 30
+
+    const got = await r.command('XREADGROUP', 'GROUP', 'workers', 'c1', 'COUNT', 8, 'STREAMS', 'jobs:grp', '>');
+    const ids = got[0][1].map((entry) => entry[0]);
+    assert.equal(ids.length, 8);
+    await waitDesired(client, grp, 30, 3000);           // 8 pending + 22 lag
+    assert.equal(await r.command('XACK', 'jobs:grp', 'workers', ...ids), 8);
+    await waitDesired(client, grp, 22, 5000);           // 0 pending + 22 lag
+    const more = await r.command('XREADGROUP', 'GROUP', 'workers', 'c1', 'COUNT', 10, 'STREAMS', 'jobs:grp', '>');
+    await r.command('XACK', 'jobs:grp', 'workers', ...more[0][1].map((entry) => entry[0]));
+    await waitDesired(client, grp, 12, 5000);           // 0 pending + 12 lag
+    assert.equal((await getDesired(client, plain)).value, 3, 'XLEN is unchanged by reads');
+
+    // A group created at $ on a non-empty stream: only later entries count.
+    for (let i = 0; i < 5; i++) await r.command('XADD', 'jobs:late', '*', 'n', i);
+    await r.command('XGROUP', 'CREATE', 'jobs:late', 'g2', '$');
+    await waitDesired(client, late, 0, 5000);
+    for (let i = 0; i < 7; i++) await r.command('XADD', 'jobs:late', '*', 'n', i);
+    await waitDesired(client, late, 7, 5000);
+  } finally {
+    r.close();
+  }
+});
+
+test('activationQueueLength: IsActive is true only above it', async () => {
+  const ref = scaledObjectRef('q-act', { model: 'q-act', targetQueueLength: '10', activationQueueLength: '5' });
+  await client.getMetricSpec(ref);
+  await redis.cli('RPUSH', 'thaw:queue:q-act', 1, 2, 3, 4, 5);
+  await waitDesired(client, ref, 1, 5000);
+  assert.deepEqual(await client.isActive(ref), { result: false }, '5 is not above 5');
+  await redis.cli('RPUSH', 'thaw:queue:q-act', 6);
+  await waitActive(client, ref, true, 5000);
+});
+
+test('held requests: fresh fields sum, stale ones are ignored, and they age out', async () => {
+  const held = scaledObjectRef('h-fresh', { model: 'h-fresh' });
+  const stale = scaledObjectRef('h-stale', { model: 'h-stale' });
+  const aging = scaledObjectRef('h-aging', { model: 'h-aging' });
+  for (const r of [held, stale, aging]) await client.getMetricSpec(r);
+  for (const r of [held, stale, aging]) assert.deepEqual(await client.isActive(r), { result: false });
+
+  const heldUpdates = async () => sampleValue(await scaler.metrics(), 'thaw_scaler_source_updates_total', { source: 'redis_held' });
+  const u0 = await heldUpdates();
+  await redis.cli('HSET', 'thaw:held:h-fresh', 'inst1', `3:${nowMs()}`);
+  await redis.cli('HSET', 'thaw:held:h-stale', 'inst1', `7:${nowMs() - 10000}`, 'inst2', 'garbage', 'inst3', '5:notanumber');
+  await redis.cli('HSET', 'thaw:held:h-aging', 'inst1', `2:${nowMs() - 3000}`);
+
+  await waitActive(client, held, true, 5000);
+  assert.equal((await getDesired(client, held)).value, 1);
+  let e = await scaler.model('h-fresh');
+  assert.equal(e.reason, 'held_requests');
+  assert.equal(e.inputs.heldRequests, 3);
+
+  await redis.cli('HSET', 'thaw:held:h-fresh', 'inst2', `4:${nowMs()}`);
+  await waitUntil(async () => (await scaler.model('h-fresh')).inputs.heldRequests === 7, 5000,
+    { what: 'held 3 + 4' });
+
+  // The stale hash has been read several times by now and never counted.
+  await waitUntil(async () => (await heldUpdates()) >= u0 + 4, 5000, { what: 'held batches' });
+  assert.deepEqual(await client.isActive(stale), { result: false });
+  e = await scaler.model('h-stale');
+  assert.equal(e.inputs.heldRequests, 0);
+  assert.equal(e.desired, 0);
+
+  // 3 s old when written, fresh for 5 s: active now, inactive in about 2 s
+  // without anything written.
+  await waitActive(client, aging, true, 3000);
+  const t0 = Date.now();
+  await waitActive(client, aging, false, 6000);
+  const after = Date.now() - t0;
+  assert.ok(after < 4500, `aged out after ${after} ms`);
+  assert.equal((await getDesired(client, aging)).value, 0);
+
+  await redis.cli('DEL', 'thaw:held:h-fresh');
+  await waitActive(client, held, false, 5000);
+});
+
+test('a wake PUBLISH reaches open StreamIsActive streams as true within 100 ms', async (t) => {
+  const ref = scaledObjectRef('wake-so', { model: 'wake-m' });
+  const s1 = client.streamIsActive(ref);
+  const other = separateConnectionClient(scaler.address);
+  const s2msgs = [];
+  const s2 = other.StreamIsActive(ref);
+  s2.on('data', (m) => s2msgs.push(m.result));
+  s2.on('error', () => {});
+  const pub = await respConnect(redis.port);
+  try {
+    await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_active_streams') >= 2,
+      5000, { what: 'two streams open' });
+    assert.equal(s1.messages.length, 0, 'inactive model: nothing pushed on open');
+
+    const mark = scaler.proc.mark();
+    const latencies = [];
+    const N = 50;
+    for (let i = 0; i < N; i++) {
+      const since = s1.messages.length;
+      const t0 = performance.now();
+      const subscribers = await pub.command('PUBLISH', 'thaw:wake', 'wake-m');
+      assert.equal(subscribers, 1);
+      const got = await s1.waitFor((m) => m.result === true, 1000, { since });
+      latencies.push(got.t - t0);
+      await sleep(10);
+    }
+    const p50 = percentile(latencies, 50);
+    const p99 = percentile(latencies, 99);
+    const line = `wake latency over ${N} PUBLISHes: p50 ${p50.toFixed(2)} ms, p99 ${p99.toFixed(2)} ms, max ${Math.max(...latencies).toFixed(2)} ms`;
+    t.diagnostic(line);
+    assert.ok(p99 < 100, line);
+
+    await waitUntil(() => s2msgs.filter((x) => x === true).length === N, 3000,
+      { what: `all ${N} wakes on the second connection` });
+    assert.ok(s1.messages.every((m) => m.msg.result === true));
+    await scaler.proc.waitForLog(/event=wake model="?wake-m"? targets=1/, 1000, { since: mark });
+
+    // A wake counts as one held request for held-fresh-seconds.
+    assert.deepEqual(await client.isActive(ref), { result: true });
+    assert.equal((await getDesired(client, ref)).value, 1);
+    const m = await scaler.metrics();
+    assert.equal(sampleValue(m, 'thaw_scaler_wake_messages_total', { model: 'wake-m' }), N);
+
+    // A wake for a model nobody asked about is harmless.
+    const mark2 = scaler.proc.mark();
+    assert.equal(await pub.command('PUBLISH', 'thaw:wake', 'nobody-asked'), 1);
+    await scaler.proc.waitForLog(/event=wake model="?nobody-asked"? targets=0/, 2000, { since: mark2 });
+
+    // After the hold the model goes inactive again, pushed as false.
+    await s1.waitFor((msg) => msg.result === false, 8000, { since: N });
+    assert.deepEqual(await client.isActive(ref), { result: false });
+    assert.equal(s1.error, null);
+  } finally {
+    pub.close();
+    s1.cancel();
+    s2.cancel();
+    other.close();
+  }
+});
+
+test('a ScaledObject whose metadata changes is re-decided with the new metadata', async (t) => {
+  const v1 = scaledObjectRef('chg-so', { model: 'chg', targetQueueLength: '10' });
+  const v2 = scaledObjectRef('chg-so', { model: 'chg', targetQueueLength: '5' });
+  const v3 = scaledObjectRef('chg-so', { model: 'chg', targetQueueLength: '5', redisKey: 'chg:other' });
+  await client.getMetricSpec(v1);
+  await redis.cli('RPUSH', 'thaw:queue:chg', ...Array.from({ length: 35 }, (_, i) => i));
+  await redis.cli('RPUSH', 'chg:other', ...Array.from({ length: 50 }, (_, i) => i));
+  await waitDesired(client, v1, 4, 5000);
+
+  // Same queue, new target size: decided on the call itself.
+  assert.equal((await getDesired(client, v2)).value, 7);
+  let e = (await scaler.models()).filter((x) => x.scaledObject === 'chg-so');
+  assert.equal(e.length, 1, 'still one target');
+  assert.equal(e[0].targets.queueLength, 5);
+
+  // A new queue key, not read yet: the model must not look idle meanwhile
+  // (both keys hold work). A stream open across the change sees no `false`.
+  const stream = client.streamIsActive(v2);
+  try {
+    await stream.waitFor((m) => m.result === true, 2000);
+    const mark = scaler.proc.mark();
+    const first = (await getDesired(client, v3)).value;
+    t.diagnostic(`first GetMetrics after the redisKey changed: ${first}`);
+    await waitDesired(client, v3, 10, 5000);
+    await sleep(300);
+    const dropped = scaler.proc.lines.slice(mark)
+      .filter((l) => /event=decision .*scaledobject=chg-so .*desired=0 /.test(l.line));
+    // assert.ok with one-line messages: a blank line in an assertion diff
+    // makes meson's TAP parser report ERROR instead of FAIL.
+    const pushed = JSON.stringify(stream.messages.map((m) => m.msg.result));
+    assert.ok(pushed === '[true]', `pushes across the redisKey change: ${pushed}, want [true] (no false while the new key was unread)`);
+    assert.ok(dropped.length === 0, `decided idle before reading the new key: ${dropped.map((l) => l.line.replace(/^.*event=/, 'event=')).join(' | ')}`);
+    assert.ok(first > 0, `GetMetrics reported ${first} replicas before the new key was read`);
+  } finally {
+    stream.cancel();
+  }
+  e = await scaler.model('chg-so');
+  assert.equal(e.inputs.redisKey, 'chg:other');
+  assert.equal(e.inputs.queueLength, 50);
+});
