@@ -109,11 +109,15 @@ static struct target *resolve(struct scaler_service *svc, struct grpc_call *call
         return NULL;
     }
     size_t n = ref->n_scalermetadata;
-    const char **keys = thaw_calloc(n ? n : 1, sizeof(*keys));
-    const char **values = thaw_calloc(n ? n : 1, sizeof(*values));
+    /* KEDA sends a handful of keys: no allocation on the hot path for them. */
+    const char *small_keys[32] = {0}, *small_values[32] = {0};
+    const char **keys = n <= 32 ? small_keys : thaw_calloc(n, sizeof(*keys));
+    const char **values = n <= 32 ? small_values : thaw_calloc(n, sizeof(*values));
     if (!keys || !values) {
-        thaw_free(keys);
-        thaw_free(values);
+        if (keys != small_keys)
+            thaw_free(keys);
+        if (values != small_values)
+            thaw_free(values);
         grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         return NULL;
     }
@@ -124,8 +128,10 @@ static struct target *resolve(struct scaler_service *svc, struct grpc_call *call
     struct scaler_spec spec;
     char err[256];
     int rc = metadata_parse(keys, values, n, &spec, log_unknown_key, svc, err, sizeof(err));
-    thaw_free(keys);
-    thaw_free(values);
+    if (keys != small_keys)
+        thaw_free(keys);
+    if (values != small_values)
+        thaw_free(values);
     if (rc != 0) {
         grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, err);
         return NULL;
