@@ -3,8 +3,17 @@
 #include <math.h>
 #include <string.h>
 
+#define RATE_SLOT_MS 5000
+#define QUEUE_SLOT_MS 2000
+#define HELD_SLOT_MS 2000
+#define HELD_RECENT_MS 20000
+#define NO_TIME INT64_MIN
+#define NO_SLOT INT32_MIN
+#define TREND_Z 3.0
+
 static const char *const reason_names[POLICY_REASON_COUNT] = {
-    "idle", "token_rate", "queue", "held_requests", "stabilizing", "stale_source_hold",
+    "idle",     "token_rate",        "queue",    "held_requests",
+    "stabilizing", "stale_source_hold", "forecast", "keep_warm",
 };
 
 const char *policy_reason_to_str(enum policy_reason r)
@@ -22,19 +31,65 @@ const char *policy_direction_to_str(enum policy_direction d)
     return "unknown";
 }
 
+/* The defaults come from the replay benchmark (bench/replay.sh; one set for
+ * every trace and shape; docs/scaling-policy.md gives the reasoning). */
+void policy_params_defaults(struct policy_params *p)
+{
+    memset(p, 0, sizeof(*p));
+    p->target_tokens_per_second = 1000;
+    p->target_queue_length = 10;
+    p->scale_down_window_ms = 240000;
+    p->cold_start_ms = 60000;
+    p->target_utilisation = 0.86;
+    p->trend_window_ms = 240000;
+    p->rate_window_ms = 60000;
+    p->queue_window_ms = 45000;
+    p->keep_warm_cost = 1.5;
+    p->keep_warm_max_ms = 1800000;
+    p->surge_hold_ms = 30000;
+    p->tokens_per_request = 256;
+    p->drain_time_factor = 0.33;
+    p->wake_backlog_share = 0.4;
+}
+
+void policy_params_v1(struct policy_params *p)
+{
+    /* Every knob v1 did not have is 0: no utilisation target (u = 1), no
+     * forecast, no keep-warm, no surge hold, counts only. */
+    memset(p, 0, sizeof(*p));
+    p->target_tokens_per_second = 1000;
+    p->target_queue_length = 10;
+    p->scale_down_window_ms = 300000;
+}
+
 void policy_state_init(struct policy_state *st)
 {
     memset(st, 0, sizeof(*st));
     for (int i = 0; i < POLICY_WINDOW_BUCKETS; i++)
-        st->bucket_start_ms[i] = INT64_MIN;
+        st->level.start_ms[i] = st->surge.start_ms[i] = NO_TIME;
+    for (int i = 0; i < POLICY_RATE_SLOTS; i++)
+        st->rate_slot[i] = NO_SLOT;
+    for (int i = 0; i < POLICY_QUEUE_SLOTS; i++)
+        st->queue_slot[i] = NO_SLOT;
+    st->idle_since_ms = NO_TIME;
+    st->wake_release_ms = NO_TIME;
+    st->last_call_ms = NO_TIME;
+    st->first_call_ms = NO_TIME;
+    st->keep_warm_ms = -1; /* not computed yet */
 }
 
-/* ceil(num / den), clamped, for finite non-negative inputs; garbage counts as 0. */
-static long replicas_for(double num, double den)
+/* Finite and non-negative, else 0: garbage from a source never scales. */
+static double clean(double v)
 {
-    if (!(num > 0) || !(den > 0) || !isfinite(num))
+    return (v > 0 && isfinite(v)) ? v : 0;
+}
+
+/* ceil(x), clamped to [0, POLICY_MAX_REPLICAS], for finite non-negative x. */
+static long ceil_replicas(double x)
+{
+    if (!(x > 0))
         return 0;
-    double r = ceil(num / den);
+    double r = ceil(x - 1e-9);
     if (!(r < POLICY_MAX_REPLICAS))
         return POLICY_MAX_REPLICAS;
     return (long)r;
@@ -44,7 +99,7 @@ static long replicas_for(double num, double den)
  * them: bounded memory and O(buckets) per decision whatever the call rate.
  * A bucket is counted while any part of it is inside the window, so the
  * stabilization errs on the side of keeping replicas up to one bucket longer. */
-static long window_max(struct policy_state *st, int64_t window_ms, int64_t now_ms, long raw)
+static long window_max(struct policy_window *w, int64_t window_ms, int64_t now_ms, long raw)
 {
     if (window_ms <= 0)
         return raw;
@@ -53,46 +108,473 @@ static long window_max(struct policy_state *st, int64_t window_ms, int64_t now_m
         width = 1;
     int64_t slot_start = now_ms - (now_ms % width);
     int idx = (int)((now_ms / width) % POLICY_WINDOW_BUCKETS);
-    if (st->bucket_start_ms[idx] != slot_start) {
-        st->bucket_start_ms[idx] = slot_start;
-        st->bucket_max[idx] = raw;
-    } else if (raw > st->bucket_max[idx]) {
-        st->bucket_max[idx] = raw;
+    int32_t v = raw > INT32_MAX ? INT32_MAX : (int32_t)raw;
+    if (w->start_ms[idx] != slot_start) {
+        w->start_ms[idx] = slot_start;
+        w->max[idx] = v;
+    } else if (v > w->max[idx]) {
+        w->max[idx] = v;
     }
     long best = raw;
     for (int i = 0; i < POLICY_WINDOW_BUCKETS; i++) {
-        if (st->bucket_start_ms[i] == INT64_MIN)
+        if (w->start_ms[i] == NO_TIME)
             continue;
-        if (st->bucket_start_ms[i] + width > now_ms - window_ms && st->bucket_max[i] > best)
-            best = st->bucket_max[i];
+        if (w->start_ms[i] + width > now_ms - window_ms && w->max[i] > best)
+            best = w->max[i];
     }
     return best;
 }
 
+/* Forgets everything held: after scaling to zero nothing from before counts. */
+static void window_clear(struct policy_window *w)
+{
+    for (int i = 0; i < POLICY_WINDOW_BUCKETS; i++)
+        w->start_ms[i] = NO_TIME;
+}
+
+/* Slot number of a time (ms >= 0 in practice; clamped into int32). */
+static int32_t slot_of(int64_t now_ms, int64_t width_ms)
+{
+    int64_t s = now_ms / width_ms;
+    if (s < 0)
+        return 0;
+    return s > INT32_MAX ? INT32_MAX : (int32_t)s;
+}
+
+static int slot_index(int64_t slot, int n)
+{
+    return (int)(((slot % n) + n) % n);
+}
+
+/* ---- token rate history and forecast ------------------------------------- */
+
+static void rate_record(struct policy_state *st, int64_t now_ms, double r)
+{
+    int32_t slot = slot_of(now_ms, RATE_SLOT_MS);
+    int idx = slot_index(slot, POLICY_RATE_SLOTS);
+    st->rate_slot[idx] = slot;
+    st->rate_val[idx] = (float)r; /* the newest value of the slot */
+}
+
+/* r + slope x horizon, slope from least squares over the trend window.
+ * Only a trend that stands out of the noise counts: the slope used is its
+ * lower confidence bound, slope - TREND_Z x standard error, so bursty
+ * traffic (a rate swinging around a level) forecasts nothing. Only upward
+ * trends count (a falling rate is already in r), and the projection is
+ * capped at 2r + cap_extra. */
+static double rate_forecast(const struct policy_params *p, const struct policy_state *st,
+                            int64_t now_ms, double r, double cap_extra)
+{
+    if (p->trend_window_ms <= 0 || !(r > 0))
+        return r;
+    int64_t now_slot = slot_of(now_ms, RATE_SLOT_MS);
+    int64_t span = p->trend_window_ms / RATE_SLOT_MS;
+    if (span >= POLICY_RATE_SLOTS)
+        span = POLICY_RATE_SLOTS - 1;
+    double n = 0, sx = 0, sy = 0, sxx = 0, sxy = 0, syy = 0;
+    int64_t oldest = now_slot;
+    for (int i = 0; i < POLICY_RATE_SLOTS; i++) {
+        int64_t s = st->rate_slot[i];
+        if (s == NO_SLOT || s > now_slot || s < now_slot - span)
+            continue;
+        double x = (double)(s - now_slot) * (RATE_SLOT_MS / 1000.0);
+        double y = st->rate_val[i];
+        n++;
+        sx += x;
+        sy += y;
+        sxx += x * x;
+        sxy += x * y;
+        syy += y * y;
+        if (s < oldest)
+            oldest = s;
+    }
+    /* Half the window covered at least, or the slope is noise. */
+    if (n < 3 || (now_slot - oldest) * 2 < span)
+        return r;
+    double den = n * sxx - sx * sx;
+    if (!(den > 0))
+        return r;
+    double slope = (n * sxy - sx * sy) / den; /* tokens/s per second */
+    double icept = (sy - slope * sx) / n;
+    /* Residual variance -> standard error of the slope. */
+    double sse = syy - icept * sy - slope * sxy;
+    double se = n > 2 && sse > 0 ? sqrt(sse / (n - 2) / (sxx - sx * sx / n)) : 0;
+    slope -= TREND_Z * se;
+    if (!(slope > 0))
+        return r;
+    /* The rate is a window average: it lags by half the window. */
+    double horizon_s = (double)(p->cold_start_ms + p->rate_window_ms / 2) / 1000.0;
+    double f = r + slope * horizon_s;
+    double cap = 2 * r + cap_extra;
+    return f < cap ? f : cap;
+}
+
+/* ---- queue history ------------------------------------------------------- */
+
+static void queue_record(struct policy_state *st, int64_t now_ms, double q)
+{
+    int32_t slot = slot_of(now_ms, QUEUE_SLOT_MS);
+    int idx = slot_index(slot, POLICY_QUEUE_SLOTS);
+    float v = (float)q;
+    if (st->queue_slot[idx] != slot) {
+        st->queue_slot[idx] = slot;
+        st->queue_min[idx] = v;
+        st->queue_max[idx] = v;
+        return;
+    }
+    if (v < st->queue_min[idx])
+        st->queue_min[idx] = v;
+    if (v > st->queue_max[idx])
+        st->queue_max[idx] = v;
+}
+
+/* The queue window: set, or half a cold start within [5 s, 60 s] (a
+ * backlog that outlasts that is worth a replica arriving a cold start
+ * later; a shorter one is a burst that drains by itself). */
+static int64_t queue_window(const struct policy_params *p)
+{
+    if (p->queue_window_ms > 0)
+        return p->queue_window_ms;
+    int64_t w = p->cold_start_ms / 2;
+    return w < 5000 ? 5000 : w > 60000 ? 60000 : w;
+}
+
+/* The smallest queue seen over the window: a burst that drains within it
+ * does not count. Seconds without a reading are skipped; with no reading
+ * older than half the window the current value stands. */
+static double queue_sustained(const struct policy_params *p, const struct policy_state *st,
+                              int64_t now_ms, double q)
+{
+    int64_t now_slot = slot_of(now_ms, QUEUE_SLOT_MS);
+    int64_t span = queue_window(p) / QUEUE_SLOT_MS;
+    if (span >= POLICY_QUEUE_SLOTS)
+        span = POLICY_QUEUE_SLOTS - 1;
+    double m = q;
+    bool old_enough = false;
+    for (int i = 0; i < POLICY_QUEUE_SLOTS; i++) {
+        int64_t s = st->queue_slot[i];
+        if (s == NO_SLOT || s > now_slot || s < now_slot - span)
+            continue;
+        if (st->queue_min[i] < m)
+            m = st->queue_min[i];
+        if ((now_slot - s) * 2 >= span)
+            old_enough = true;
+    }
+    return old_enough ? m : 0;
+}
+
+/* The largest queue seen in the second ago_ms before now (or within two
+ * seconds of it when the policy was not called then), or -1. */
+static double queue_at(const struct policy_state *st, int64_t now_ms, int64_t ago_ms)
+{
+    int64_t want = slot_of(now_ms - ago_ms, QUEUE_SLOT_MS);
+    int64_t now_slot = slot_of(now_ms, QUEUE_SLOT_MS);
+    for (int64_t off = 0; off <= 1; off++) {
+        for (int sign = -1; sign <= 1; sign += 2) {
+            int64_t slot = want + sign * off;
+            if (slot > now_slot)
+                continue;
+            int idx = slot_index(slot, POLICY_QUEUE_SLOTS);
+            if (st->queue_slot[idx] == slot)
+                return st->queue_max[idx];
+        }
+    }
+    return -1;
+}
+
+/* True when the queue shrinks fast enough to be gone before a replica
+ * started now could be ready: more replicas would only arrive to nothing. */
+static bool queue_drains_alone(const struct policy_params *p, const struct policy_state *st,
+                               int64_t now_ms, double q)
+{
+    int64_t w = queue_window(p);
+    double before = queue_at(st, now_ms, w);
+    if (before < 0 || !(q < before))
+        return false;
+    double drain_per_s = (before - q) / ((double)w / 1000.0);
+    return q / drain_per_s <= (double)p->cold_start_ms / 1000.0;
+}
+
+/* Queue change per second over the last w_ms (0 when unknown). */
+static double queue_growth(const struct policy_state *st, int64_t now_ms, int64_t w_ms, double q)
+{
+    if (w_ms < 1000)
+        w_ms = 1000;
+    double before = queue_at(st, now_ms, w_ms);
+    if (before < 0)
+        return 0;
+    return (q - before) / ((double)w_ms / 1000.0);
+}
+
+/* Held requests' growth per second over the last HELD_RECENT_MS of the
+ * wake (or since it began); 0 when unknown. */
+static double held_growth(const struct policy_state *st, int64_t now_ms, double h)
+{
+    int64_t now_slot = slot_of(now_ms, HELD_SLOT_MS);
+    int64_t back = HELD_RECENT_MS / HELD_SLOT_MS;
+    int64_t oldest = now_slot;
+    double then = -1;
+    for (int i = 0; i < POLICY_HELD_SLOTS; i++) {
+        int64_t s = st->held_slot[i];
+        if (s == NO_SLOT || s >= now_slot || s < now_slot - back)
+            continue;
+        if (s < oldest) {
+            oldest = s;
+            then = st->held_hist[i];
+        }
+    }
+    if (then < 0)
+        return 0;
+    double g = (h - then) / ((double)((now_slot - oldest) * HELD_SLOT_MS) / 1000.0);
+    return g > 0 ? g : 0;
+}
+
+/* ---- tokens per request ------------------------------------------------------ */
+
+/* The smallest recent estimate: every estimate is an upper bound (requests
+ * that arrived after a wake's release add tokens but were never held).
+ * Before any, 0. */
+static double kappa_learned(const struct policy_state *st)
+{
+    double k = 0;
+    for (int i = 0; i < st->nkappa; i++)
+        if (k == 0 || st->kappa[i] < k)
+            k = st->kappa[i];
+    return k;
+}
+
+static void kappa_record(struct policy_state *st, double k)
+{
+    if (!(k > 0) || !isfinite(k))
+        return;
+    st->kappa[st->kappa_next] = k;
+    st->kappa_next = (st->kappa_next + 1) % POLICY_KAPPAS;
+    if (st->nkappa < POLICY_KAPPAS)
+        st->nkappa++;
+}
+
+/* ---- keep-warm ------------------------------------------------------------- */
+
+/* Ski rental with the gaps seen: the keep-warm time T minimising
+ * sum_i (g_i <= T ? g_i : T + K), K = keep_warm_cost x cold start; T = K
+ * before any gap (2-competitive without information). Candidates are 0,
+ * every gap and the cap. Among equal costs the shortest T wins (it risks
+ * least on a new, longer gap), except that keeping warm beats going cold
+ * on a tie (fewer cold starts). */
+static void keep_warm_update(const struct policy_params *p, struct policy_state *st)
+{
+    double k = p->keep_warm_cost * (double)p->cold_start_ms;
+    double cap = (double)p->keep_warm_max_ms;
+    if (cap < 0)
+        cap = 0;
+    if (st->ngaps == 0) {
+        st->keep_warm_ms = (int64_t)(k < cap ? k : cap);
+        return;
+    }
+    double best_t = 0, best_cost = INFINITY;
+    for (int c = -1; c <= st->ngaps; c++) {
+        double t = c < 0 ? 0 : c == st->ngaps ? cap : (double)st->gaps_ms[c];
+        if (t > cap)
+            t = cap;
+        double cost = 0;
+        for (int i = 0; i < st->ngaps; i++) {
+            double g = (double)st->gaps_ms[i];
+            cost += g <= t ? g : t + k;
+        }
+        bool tie = fabs(cost - best_cost) <= 1e-6;
+        if (cost < best_cost - 1e-6 || (tie && (best_t == 0 ? t > 0 : t < best_t))) {
+            best_cost = cost;
+            best_t = t;
+        }
+    }
+    st->keep_warm_ms = (int64_t)best_t;
+}
+
+static void gap_record(const struct policy_params *p, struct policy_state *st, int64_t gap_ms)
+{
+    st->gaps_ms[st->gap_next] = gap_ms > INT32_MAX ? INT32_MAX : (int32_t)gap_ms;
+    st->gap_next = (st->gap_next + 1) % POLICY_GAPS;
+    if (st->ngaps < POLICY_GAPS)
+        st->ngaps++;
+    keep_warm_update(p, st);
+}
+
+/* ---- the decision ------------------------------------------------------------ */
+
 void policy_decide(const struct policy_params *p, struct policy_state *st,
                    const struct policy_inputs *in, int64_t now_ms, struct policy_decision *out)
 {
-    long by_tokens = replicas_for(in->token_rate, p->target_tokens_per_second);
-    long by_queue = replicas_for(in->queue, p->target_queue_length);
-    long by_held = in->held > 0 ? 1 : 0;
+    double r = clean(in->token_rate), q = clean(in->queue), h = clean(in->held);
+    double u = p->target_utilisation > 0 && p->target_utilisation <= 1 ? p->target_utilisation : 1;
+    double cap = p->target_tokens_per_second * u;
+    double qlen = p->target_queue_length;
+    double cold_s = (double)p->cold_start_ms / 1000.0;
+    if (st->keep_warm_ms < 0)
+        keep_warm_update(p, st);
+    double dt = st->last_call_ms == NO_TIME || now_ms < st->last_call_ms
+                    ? 0
+                    : (double)(now_ms - st->last_call_ms) / 1000.0;
+    st->last_call_ms = now_ms;
+    if (st->first_call_ms == NO_TIME)
+        st->first_call_ms = now_ms;
+
+    /* Held and queued requests are one backlog: a wake's release moves
+     * requests from one to the other without any arriving. */
+    queue_record(st, now_ms, q + h);
+
+    /* Activity and the idle gaps between busy periods. */
+    bool busy = r > p->activation_token_rate || q > p->activation_queue_length || h > 0;
+    if (busy && !st->busy) {
+        if (st->seen_busy && st->idle_since_ms != NO_TIME)
+            gap_record(p, st, now_ms - st->idle_since_ms);
+        st->seen_busy = true;
+    } else if (!busy && (st->busy || st->idle_since_ms == NO_TIME)) {
+        st->idle_since_ms = now_ms;
+        /* An episode ends at idle: its tokens per held request. */
+        if (st->episode && st->ep_requests > 0)
+            kappa_record(st, st->ep_tokens / st->ep_requests);
+        st->episode = false;
+    }
+    st->busy = busy;
+
+    /* Wakes: held requests mean nothing is ready to serve them. */
+    if (h > 0) {
+        if (!st->waking) {
+            st->waking = true;
+            st->wake_start_ms = now_ms;
+            st->wake_peak_held = 0;
+            for (int i = 0; i < POLICY_HELD_SLOTS; i++)
+                st->held_slot[i] = NO_SLOT;
+            if (!st->episode) {
+                st->episode = true;
+                st->ep_tokens = 0;
+                st->ep_requests = 0;
+            }
+        }
+        if (h > st->wake_peak_held)
+            st->wake_peak_held = h;
+        int32_t hs = slot_of(now_ms, HELD_SLOT_MS);
+        st->held_slot[slot_index(hs, POLICY_HELD_SLOTS)] = hs;
+        st->held_hist[slot_index(hs, POLICY_HELD_SLOTS)] = (float)h;
+    } else if (st->waking) {
+        st->waking = false;
+        st->wake_release_ms = now_ms;
+        st->ep_requests += st->wake_peak_held;
+    }
+    if (st->episode)
+        st->ep_tokens += r * dt;
 
     struct policy_decision d = {0};
-    d.raw = by_tokens;
-    d.reason = by_tokens > 0 ? POLICY_REASON_TOKEN_RATE : POLICY_REASON_IDLE;
-    if (by_queue > d.raw) {
-        d.raw = by_queue;
-        d.reason = POLICY_REASON_QUEUE;
-    }
-    if (by_held > d.raw) {
-        d.raw = by_held;
-        d.reason = POLICY_REASON_HELD;
-    }
-    d.active = (in->token_rate > p->activation_token_rate) ||
-               (in->queue > p->activation_queue_length) || (in->held > 0);
+    /* Without a request-size model (tokens_per_request 0) the queue and the
+     * held requests are only counted, as in policy v1. */
+    bool counts_only = !(p->tokens_per_request > 0);
+    double kappa = kappa_learned(st);
+    if (!(kappa > 0))
+        kappa = p->tokens_per_request;
+    if (counts_only)
+        kappa = 0;
 
-    d.desired = window_max(st, p->scale_down_window_ms, now_ms, d.raw);
+    /* Demand by conservation over the rate window W: what arrived is what
+     * was served (the rate r) plus what queued up meanwhile, so
+     *   D = r + kappa x (q(now) - q(now - W)) / W   tokens/s.
+     * While a queue builds r is capped by capacity and D adds the growth;
+     * while it drains r is inflated by the backlog and D takes it out. */
+    double dq = queue_growth(st, now_ms, p->rate_window_ms, q + h);
+    double demand = r + kappa * dq;
+    if (demand < 0)
+        demand = 0;
+    /* The trend is the demand's; the first rate window after start is left
+     * out, when the rate is still filling its window and looks like growth. */
+    if (now_ms - st->first_call_ms >= p->rate_window_ms)
+        rate_record(st, now_ms, demand);
+    double d_fc = cap > 0 ? rate_forecast(p, st, now_ms, demand, cap) / cap : 0;
+    long by_rate = cap > 0 ? ceil_replicas(r / cap) : 0;
+    long level = ceil_replicas(d_fc);
+
+    /* The backlog itself: a queue that persisted over the queue window is
+     * cleared within drain_time_factor cold starts, unless a wake just
+     * released it (the wake term was sized for it) or it drains by itself
+     * before a new replica could be ready. */
+    double q_sust = queue_sustained(p, st, now_ms, q + h);
+    bool grace = st->waking || (st->wake_release_ms != NO_TIME &&
+                                now_ms - st->wake_release_ms < p->cold_start_ms);
+    if (grace || queue_drains_alone(p, st, now_ms, q + h))
+        q_sust = 0;
+    double extra = 0;
+    if (q_sust > 0 && cap > 0) {
+        /* A queue that keeps growing over the short window means demand
+         * exceeds capacity now, well before the rate window shows it. */
+        double g = queue_growth(st, now_ms, queue_window(p), q + h);
+        double fast = (r + kappa * (g > 0 ? g : 0)) / cap;
+        if (fast > d_fc)
+            extra = fast - d_fc;
+        /* Up to Q queued requests are tolerated: they drain by themselves;
+         * the rest is cleared within drain_time_factor cold starts. */
+        if (q_sust > qlen) {
+            double drain_s = p->drain_time_factor * cold_s;
+            if (drain_s < 1)
+                drain_s = 1;
+            extra += (q_sust - qlen) * kappa / (cap * drain_s);
+        }
+    }
+    long surge = ceil_replicas(d_fc + extra);
+    if (counts_only) {
+        long by_queue = qlen > 0 ? ceil_replicas(q / qlen) : 0;
+        surge = by_queue > level ? by_queue : level;
+    }
+
+    /* The wake term: held requests arrive at lambda; that is
+     * lambda x kappa / (C u) replicas. */
+    long wake = 0;
+    if (st->waking) {
+        /* Held requests' objective is their arrival plus a cold start, so
+         * the backlog at release (what is held plus the recent growth for
+         * the rest of the cold start) may be served over one cold start; on
+         * top, arrivals continuing at the recent growth rate. A burst that
+         * ended stops growing and needs little. */
+        double t_s = (double)(now_ms - st->wake_start_ms) / 1000.0;
+        double growth = held_growth(st, now_ms, h);
+        double left_s = cold_s - t_s > 0 ? cold_s - t_s : 0;
+        double at_release = h + growth * left_s;
+        double due_s = cold_s > 1 ? cold_s : 1;
+        wake = cap > 0 ? ceil_replicas((growth + p->wake_backlog_share * at_release / due_s) *
+                                       kappa / cap)
+                       : 1;
+        if (wake < 1 || counts_only)
+            wake = 1;
+    }
+
+    d.raw = level > surge ? level : surge;
+    if (wake > d.raw)
+        d.raw = wake;
+    d.reason = d.raw == 0                       ? POLICY_REASON_IDLE
+               : wake >= d.raw && wake > surge ? POLICY_REASON_HELD
+               : surge > level                 ? POLICY_REASON_QUEUE
+               : level > by_rate               ? POLICY_REASON_FORECAST
+                                               : POLICY_REASON_TOKEN_RATE;
+
+    /* Idle but inside the keep-warm time: one replica stays. */
+    bool warm = !busy && st->seen_busy && st->idle_since_ms != NO_TIME &&
+                now_ms - st->idle_since_ms < st->keep_warm_ms;
+    d.active = busy || warm;
+
+    long held_level = window_max(&st->level, p->scale_down_window_ms, now_ms, level);
+    long held_surge = window_max(&st->surge, p->surge_hold_ms, now_ms,
+                                 surge > wake ? surge : wake);
+    d.desired = held_level > held_surge ? held_level : held_surge;
+    if (d.desired < d.raw)
+        d.desired = d.raw;
     if (d.desired > d.raw)
         d.reason = POLICY_REASON_STABILIZING;
+    if (!d.active && !counts_only) {
+        /* Going to zero: what the windows held no longer counts. */
+        d.desired = 0;
+        window_clear(&st->level);
+        window_clear(&st->surge);
+    } else if (d.active && d.desired < 1) {
+        d.desired = 1;
+        d.reason = POLICY_REASON_KEEP_WARM;
+    }
 
     bool stale = in->token_rate_stale || in->queue_stale || in->held_stale;
     if (stale && st->has_decision) {

@@ -1,16 +1,39 @@
 /* policy: the scaling decision, a pure function of inputs, state and time.
  *
- * Policy v1:
- *   raw     = max(ceil(token_rate / target_tokens_per_second),
- *                 ceil(queue / target_queue_length),
- *                 held > 0 ? 1 : 0)
- *   desired = max(raw over the last scale_down_window_ms)   (scale-down stabilization)
- *   active  = token_rate > activation_token_rate || queue > activation_queue_length
- *             || held > 0
+ * Policy v2 (docs/scaling-policy.md has the derivation and the benchmark
+ * behind every default). With C = target_tokens_per_second (what one
+ * replica sustains), u = target_utilisation, Q = target_queue_length:
+ *
+ *   demand   D = max(r, forecast of r over cold_start_ms + rate_lag_ms)
+ *              forecast: least-squares trend of r over trend_window_ms
+ *   backlog  B = queue that persisted for queue_window_ms (its minimum),
+ *              counted only while it is not draining on its own
+ *   level    = ceil(D / (C u)), held at its max over scale_down_window_ms
+ *   surge    = ceil(D / (C u) + B / Q) and the wake term, held at their max
+ *              over surge_hold_ms (a backlog is transient: no long hold)
+ *   wake term (nothing ready, h requests held, growing at lambda lately):
+ *              the backlog at release, h + lambda x (cold start left), served
+ *              within one cold start (held requests' objective is arrival +
+ *              cold start): ceil(h_release x kappa / (C u x cold start)),
+ *              kappa = tokens per request learned from earlier wakes (min over
+ *              the last ones of episode tokens / requests held), else the
+ *              tokens_per_request prior
+ *   B        = 0 for one cold start after a wake's backlog is released (the
+ *              wake term sized for it), and 0 while the queue drains on its
+ *              own faster than a new replica could start
+ *   desired  = max(level, surge, active ? 1 : 0)
+ *   active   = busy, or idle for less than the keep-warm time
+ *   busy     = r > activation_token_rate || queue > activation_queue_length
+ *              || held > 0
+ *   keep-warm: the T minimising the cost of the last idle gaps g_i,
+ *              sum(g_i <= T ? g_i : T + keep_warm_cost x cold_start_ms);
+ *              cold_start_ms x keep_warm_cost before any gap was seen
+ *              (the ski-rental break-even).
  * Fail-safe: while any input is stale (its source failing), the decision never
  * goes down: desired >= the last desired, and a model last seen active stays
  * active. The same code runs in thaw-scaler, the unit tests and the replay
- * benchmark; it does no I/O and reads no clock. */
+ * benchmark; it does no I/O and reads no clock. Any call rate works: history
+ * is kept in time slots, not per call. */
 #ifndef THAW_POLICY_H
 #define THAW_POLICY_H
 
@@ -18,19 +41,42 @@
 #include <stdint.h>
 
 #define POLICY_MAX_REPLICAS 100000
-#define POLICY_WINDOW_BUCKETS 64
+#define POLICY_WINDOW_BUCKETS 32
+#define POLICY_RATE_SLOTS 64    /* demand history, one slot per 5 s */
+#define POLICY_QUEUE_SLOTS 64   /* queue history, one slot per 2 s */
+#define POLICY_GAPS 32          /* idle gaps remembered for keep-warm */
+#define POLICY_HELD_SLOTS 16    /* held history during a wake, one slot per 2 s */
 
 struct policy_params {
-    double target_tokens_per_second; /* > 0 */
-    double target_queue_length;      /* > 0 */
+    double target_tokens_per_second; /* > 0: tokens/s one replica sustains */
+    double target_queue_length;      /* > 0: queued requests one replica absorbs */
     double activation_token_rate;    /* >= 0 */
     double activation_queue_length;  /* >= 0 */
     int64_t scale_down_window_ms;    /* >= 0; 0 = scale down at once */
+    int64_t cold_start_ms;           /* >= 0: scale-up to a ready replica */
+    double target_utilisation;       /* (0, 1]: share of C to plan for */
+    int64_t trend_window_ms;         /* >= 0; 0 = no forecast */
+    int64_t rate_window_ms;          /* >= 0: the token-rate query's range, e.g. [1m] */
+    int64_t queue_window_ms;         /* > 0: a queue must last this long to count;
+                                      * <= 0: half a cold start (5 s .. 60 s) */
+    double keep_warm_cost;           /* >= 0: a cold start costs this x cold_start_ms */
+    int64_t keep_warm_max_ms;        /* >= 0: upper bound of the keep-warm time */
+    int64_t surge_hold_ms;           /* >= 0: how long backlog and wake surges are held */
+    double tokens_per_request;       /* > 0: prior of the tokens one request costs */
+    double drain_time_factor;        /* > 0: clear a backlog within this x cold start */
+    double wake_backlog_share;       /* >= 0: share of a wake's backlog cleared per cold start */
 };
 
+/* Fills every field with its default (the benchmark's choice, see
+ * docs/scaling-policy.md). */
+void policy_params_defaults(struct policy_params *p);
+/* Fills the fields so that the policy behaves exactly as policy v1: every
+ * v2 knob 0 (a params struct with only the v1 fields set behaves the same). */
+void policy_params_v1(struct policy_params *p);
+
 struct policy_inputs {
-    double token_rate;   /* generation tokens/s, last good value */
-    double queue;        /* queued jobs, last good value */
+    double token_rate;   /* tokens/s, last good value */
+    double queue;        /* queued requests, last good value */
     double held;         /* requests held by activators, last good value */
     bool token_rate_stale;
     bool queue_stale;
@@ -43,10 +89,12 @@ enum policy_direction { POLICY_HOLD = 0, POLICY_UP, POLICY_DOWN };
 enum policy_reason {
     POLICY_REASON_IDLE = 0,         /* nothing to do: zero */
     POLICY_REASON_TOKEN_RATE,       /* the token rate term is the largest */
-    POLICY_REASON_QUEUE,            /* the queue term is the largest */
-    POLICY_REASON_HELD,             /* held requests keep one replica */
+    POLICY_REASON_QUEUE,            /* the queue adds replicas */
+    POLICY_REASON_HELD,             /* held requests wake the model */
     POLICY_REASON_STABILIZING,      /* held up by the scale-down window */
     POLICY_REASON_STALE_HOLD,       /* a source is failing: no scale-down */
+    POLICY_REASON_FORECAST,         /* the trend forecast is above the rate */
+    POLICY_REASON_KEEP_WARM,        /* idle, one replica kept for the break-even time */
     POLICY_REASON_COUNT
 };
 
@@ -58,12 +106,51 @@ struct policy_decision {
     enum policy_reason reason;
 };
 
+#define POLICY_KAPPAS 8      /* tokens-per-request estimates remembered */
+
+/* A sliding maximum over a time window, in buckets. */
+struct policy_window {
+    int64_t start_ms[POLICY_WINDOW_BUCKETS];
+    int32_t max[POLICY_WINDOW_BUCKETS];
+};
+
 /* Per target; storage owned by the caller, zeroed by policy_state_init. */
 struct policy_state {
-    int64_t bucket_start_ms[POLICY_WINDOW_BUCKETS];
-    long bucket_max[POLICY_WINDOW_BUCKETS];
+    struct policy_window level; /* rate-based replicas, scale_down_window_ms */
+    struct policy_window surge; /* backlog and wake replicas, surge_hold_ms */
     bool has_decision;
     struct policy_decision last;
+    /* History in time slots (slot number = ms / slot width; -1 = empty),
+     * values as float: bounded memory per target whatever the call rate.
+     * Demand (tokens/s) per 5 s slot, the last value seen in the slot. */
+    int32_t rate_slot[POLICY_RATE_SLOTS];
+    float rate_val[POLICY_RATE_SLOTS];
+    /* Backlog (queued + held) minimum and maximum per 2 s slot. */
+    int32_t queue_slot[POLICY_QUEUE_SLOTS];
+    float queue_min[POLICY_QUEUE_SLOTS];
+    float queue_max[POLICY_QUEUE_SLOTS];
+    /* Activity: busy / idle periods and the idle gaps seen. */
+    bool busy;
+    int64_t idle_since_ms;       /* valid while !busy and seen_busy */
+    bool seen_busy;
+    int32_t gaps_ms[POLICY_GAPS];
+    int ngaps, gap_next;
+    int64_t keep_warm_ms;        /* current keep-warm time */
+    /* Wakes: held requests (nothing ready), their arrival rate, and the
+     * episode from a wake to the next idle, which teaches tokens/request. */
+    bool waking;
+    int64_t wake_start_ms;
+    double wake_peak_held;
+    float held_hist[POLICY_HELD_SLOTS]; /* held count per 2 s slot while waking */
+    int32_t held_slot[POLICY_HELD_SLOTS];
+    int64_t wake_release_ms;     /* last time held went back to 0 */
+    bool episode;                /* a wake started it and it is not idle yet */
+    double ep_tokens;            /* integral of the token rate over the episode */
+    double ep_requests;          /* requests held during its wakes */
+    int64_t last_call_ms;
+    int64_t first_call_ms;
+    double kappa[POLICY_KAPPAS]; /* tokens per request, one per episode */
+    int nkappa, kappa_next;
 };
 
 void policy_state_init(struct policy_state *st);

@@ -1,8 +1,11 @@
-/* policy: the replica formula, stabilization window and fail-safe. */
+/* policy: v1 (the replica formula, stabilization window, fail-safe) and
+ * the v2 terms (utilisation target, forecast, demand by conservation,
+ * backlog, wake sizing, tokens-per-request learning, keep-warm). */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 
 #include <cmocka.h>
 
@@ -151,6 +154,319 @@ static void test_strings(void **unused)
     assert_string_equal(policy_reason_to_str(POLICY_REASON_HELD), "held_requests");
     assert_string_equal(policy_reason_to_str(POLICY_REASON_COUNT), "unknown");
     assert_string_equal(policy_direction_to_str(POLICY_DOWN), "down");
+    assert_string_equal(policy_reason_to_str(POLICY_REASON_KEEP_WARM), "keep_warm");
+    assert_string_equal(policy_reason_to_str(POLICY_REASON_FORECAST), "forecast");
+}
+
+/* ---- v1 parameters ------------------------------------------------------ */
+
+static void test_v1_params_are_v1(void **unused)
+{
+    struct policy_params p;
+    policy_params_v1(&p);
+    assert_true(p.target_tokens_per_second == 1000);
+    assert_true(p.target_queue_length == 10);
+    assert_int_equal(p.scale_down_window_ms, 300000);
+    assert_true(p.tokens_per_request == 0); /* counts only */
+    assert_true(p.keep_warm_cost == 0);
+    /* Idle after busy: inactive at once (no keep-warm), window kept. */
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = run(&p, &st, 5000, 0, 0, 1000);
+    assert_int_equal(d.desired, 5);
+    d = run(&p, &st, 0, 0, 0, 2000);
+    assert_false(d.active);
+    assert_int_equal(d.desired, 5);
+    assert_int_equal(d.reason, POLICY_REASON_STABILIZING);
+    /* The queue counts at once, without persistence. */
+    d = run(&p, &st, 0, 95, 0, 3000);
+    assert_int_equal(d.desired, 10);
+}
+
+static void test_defaults_are_sane(void **unused)
+{
+    struct policy_params p;
+    policy_params_defaults(&p);
+    assert_true(p.target_utilisation > 0 && p.target_utilisation <= 1);
+    assert_true(p.tokens_per_request > 0);
+    assert_true(p.cold_start_ms > 0);
+    assert_true(p.keep_warm_cost > 0);
+    assert_true(p.rate_window_ms > 0);
+    assert_true(p.keep_warm_max_ms >= p.cold_start_ms);
+}
+
+/* ---- v2 ----------------------------------------------------------------- */
+
+/* A v2 parameter set with round numbers; each test changes what it needs. */
+static struct policy_params v2(void)
+{
+    struct policy_params p;
+    policy_params_defaults(&p);
+    p.target_tokens_per_second = 100;
+    p.target_queue_length = 10;
+    p.target_utilisation = 1;
+    p.scale_down_window_ms = 0;
+    p.surge_hold_ms = 0;
+    p.trend_window_ms = 0;
+    p.cold_start_ms = 60000;
+    p.rate_window_ms = 60000;
+    p.queue_window_ms = 10000;
+    p.tokens_per_request = 100;
+    p.keep_warm_cost = 1;
+    p.keep_warm_max_ms = 1800000;
+    p.drain_time_factor = 1;
+    p.wake_backlog_share = 0;
+    return p;
+}
+
+static void test_utilisation_target(void **unused)
+{
+    struct policy_params p = v2();
+    p.target_utilisation = 0.8;
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = run(&p, &st, 100, 0, 0, 0);
+    assert_int_equal(d.desired, 2); /* 100 / (100 x 0.8) = 1.25 */
+    d = run(&p, &st, 80, 0, 0, 1000);
+    assert_int_equal(d.desired, 1);
+    /* Out-of-range utilisation counts as 1, not as a division by zero. */
+    p.target_utilisation = 0;
+    d = run(&p, &st, 100, 0, 0, 2000);
+    assert_int_equal(d.desired, 1);
+}
+
+static void test_forecast_follows_a_trend(void **unused)
+{
+    struct policy_params p = v2();
+    p.trend_window_ms = 120000;
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = {0};
+    /* A clean ramp of 1 token/s per second: 100 -> 400 over 300 s. */
+    for (int t = 0; t <= 300; t++)
+        d = run(&p, &st, 100 + t, 0, 0, (int64_t)t * 1000);
+    /* Rate alone: ceil(400 / 100) = 4; horizon cold start + half the rate
+     * window = 90 s adds 90 tokens/s: 5. */
+    assert_int_equal(d.desired, 5);
+    assert_int_equal(d.reason, POLICY_REASON_FORECAST);
+}
+
+static void test_forecast_ignores_noise(void **unused)
+{
+    struct policy_params p = v2();
+    p.trend_window_ms = 120000;
+    struct policy_state st;
+    policy_state_init(&st);
+    /* Bursty traffic around a flat level: the slope's lower confidence
+     * bound stays below zero, so nothing is extrapolated. */
+    for (int t = 0; t <= 400; t++) {
+        double r = (t / 5) % 2 ? 2000 : 0;
+        struct policy_decision d = run(&p, &st, r, 0, 0, (int64_t)t * 1000);
+        long by_rate = (long)(r / 100);
+        assert_true(d.desired <= (by_rate > 1 ? by_rate : 1)); /* 1: kept warm */
+        assert_int_not_equal(d.reason, POLICY_REASON_FORECAST);
+    }
+}
+
+static void test_demand_by_conservation(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = {0};
+    /* Saturated: the rate stays at 200 while the queue grows 1 request/s.
+     * Demand = 200 + 100 tokens/request x 1/s = 300 -> 3 replicas, plus
+     * clearing the backlog above Q within a cold start. */
+    for (int t = 0; t <= 70; t++)
+        d = run(&p, &st, 200, t, 0, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 4);
+    assert_int_equal(d.reason, POLICY_REASON_QUEUE);
+    /* The same queue growth without a request-size model counts only. */
+    struct policy_params v1 = p;
+    v1.tokens_per_request = 0;
+    policy_state_init(&st);
+    for (int t = 0; t <= 70; t++)
+        d = run(&v1, &st, 200, t, 0, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 7); /* ceil(70 / 10) */
+}
+
+static void test_backlog_that_drains_or_bursts_adds_nothing(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = {0};
+    /* A burst shorter than the queue window: its requests count as demand
+     * over the rate window (they did arrive), but no backlog replicas. */
+    for (int t = 0; t < 100; t++) {
+        double q = t >= 50 && t < 56 ? 200 : 0;
+        d = run(&p, &st, 100, q, 0, (int64_t)t * 1000);
+        assert_int_not_equal(d.reason, POLICY_REASON_QUEUE);
+    }
+    /* A long backlog draining fast (gone well within a cold start). */
+    policy_state_init(&st);
+    for (int t = 0; t < 40; t++)
+        d = run(&p, &st, 100, 400, 0, (int64_t)t * 1000);
+    assert_true(d.desired > 1); /* persistent backlog: replicas to clear it */
+    for (int t = 40; t < 50; t++)
+        d = run(&p, &st, 100, 400 - (t - 39) * 30.0, 0, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 1);
+}
+
+static void test_wake_sized_by_arrivals(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = {0};
+    /* Held requests arriving at 5/s for 20 s, 100 tokens each, 100 tokens/s
+     * per replica: 5 replicas for the arrivals. */
+    for (int t = 0; t <= 20; t++)
+        d = run(&p, &st, 0, 0, 1 + 5 * t, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 5);
+    assert_int_equal(d.reason, POLICY_REASON_HELD);
+    assert_true(d.active);
+    /* Clearing the backlog within a cold start as well: the 101 held plus
+     * 40 s more at 5/s over 60 s adds 5. */
+    p.wake_backlog_share = 1;
+    policy_state_init(&st);
+    for (int t = 0; t <= 20; t++)
+        d = run(&p, &st, 0, 0, 1 + 5 * t, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 10);
+    /* A burst that ended stops growing: one replica. */
+    p.wake_backlog_share = 0;
+    policy_state_init(&st);
+    for (int t = 0; t <= 30; t++)
+        d = run(&p, &st, 0, 0, 50, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 1);
+}
+
+static void test_tokens_per_request_learned_from_a_wake(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    int64_t t = 0;
+    /* A wake holding 10 requests, released, then 200 tokens/s for 30 s:
+     * 6000 tokens / 10 requests = 600 tokens per request. */
+    for (; t <= 5; t++)
+        run(&p, &st, 0, 0, 10, t * 1000);
+    for (; t <= 35; t++)
+        run(&p, &st, 200, 0, 0, t * 1000);
+    struct policy_decision d = run(&p, &st, 0, 0, 0, t * 1000);
+    assert_true(d.active); /* idle, kept warm */
+    /* Much later a wake with 1 request/s: 1 x 600 / 100 = 6 replicas, where
+     * the 100-token prior would give 1. */
+    int64_t w = 10000;
+    for (int k = 0; k <= 20; k++)
+        d = run(&p, &st, 0, 0, 1 + k, (w + k) * 1000);
+    assert_int_equal(d.desired, 6);
+}
+
+static void test_keep_warm_break_even(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    /* No gap seen yet: keep warm for one cold start (K = 60 s). */
+    run(&p, &st, 100, 0, 0, 0);
+    struct policy_decision d = run(&p, &st, 0, 0, 0, 1000);
+    assert_true(d.active);
+    assert_int_equal(d.desired, 1);
+    assert_int_equal(d.reason, POLICY_REASON_KEEP_WARM);
+    d = run(&p, &st, 0, 0, 0, 60999);
+    assert_true(d.active);
+    d = run(&p, &st, 0, 0, 0, 61001);
+    assert_false(d.active);
+    assert_int_equal(d.desired, 0);
+
+    /* Gaps of 200 s, longer than K: going cold at once is cheaper. */
+    policy_state_init(&st);
+    int64_t t = 0;
+    for (int i = 0; i < 6; i++) {
+        run(&p, &st, 100, 0, 0, t);
+        run(&p, &st, 0, 0, 0, t + 5000);
+        t += 205000;
+    }
+    run(&p, &st, 100, 0, 0, t);
+    d = run(&p, &st, 0, 0, 0, t + 1000);
+    assert_false(d.active);
+
+    /* Gaps of 30 s: keep warm just over them. */
+    policy_state_init(&st);
+    t = 0;
+    for (int i = 0; i < 6; i++) {
+        run(&p, &st, 100, 0, 0, t);
+        run(&p, &st, 0, 0, 0, t + 5000);
+        t += 35000;
+    }
+    run(&p, &st, 100, 0, 0, t);
+    run(&p, &st, 0, 0, 0, t + 1000);
+    d = run(&p, &st, 0, 0, 0, t + 30000);
+    assert_true(d.active);
+    d = run(&p, &st, 0, 0, 0, t + 32000);
+    assert_false(d.active); /* the shortest T covering every gap, not the cap */
+}
+
+static void test_zero_forgets_the_windows(void **unused)
+{
+    struct policy_params p = v2();
+    p.scale_down_window_ms = 300000;
+    p.keep_warm_cost = 0.1; /* keep warm 6 s */
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = run(&p, &st, 1000, 0, 0, 0);
+    assert_int_equal(d.desired, 10);
+    d = run(&p, &st, 0, 0, 0, 1000);
+    assert_int_equal(d.desired, 10); /* held by the window while warm */
+    d = run(&p, &st, 0, 0, 0, 10000);
+    assert_false(d.active);
+    assert_int_equal(d.desired, 0);
+    /* A wake later starts from the wake term, not from the old 10. */
+    d = run(&p, &st, 0, 0, 1, 20000);
+    assert_true(d.active);
+    assert_int_equal(d.desired, 1);
+}
+
+static void test_v2_stale_hold(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = run(&p, &st, 500, 0, 0, 0);
+    assert_int_equal(d.desired, 5);
+    struct policy_inputs in = {.token_rate_stale = true};
+    policy_decide(&p, &st, &in, 100000, &d);
+    assert_int_equal(d.desired, 5); /* not even keep-warm expiry goes down */
+    assert_true(d.active);
+    assert_int_equal(d.reason, POLICY_REASON_STALE_HOLD);
+}
+
+/* The same traffic decided once a second or four times a second ends in
+ * the same place: history lives in time slots, not in calls. */
+static void test_call_rate_does_not_matter(void **unused)
+{
+    struct policy_params p = v2();
+    p.trend_window_ms = 120000;
+    p.scale_down_window_ms = 120000;
+    p.surge_hold_ms = 60000;
+    struct policy_state a, b;
+    policy_state_init(&a);
+    policy_state_init(&b);
+    struct policy_decision da = {0}, db = {0};
+    for (int64_t ms = 0; ms <= 400000; ms += 250) {
+        double r = 100 + (double)ms / 1000.0;
+        double q = ms > 200000 && ms < 260000 ? (double)(ms - 200000) / 1000.0 : 0;
+        if (ms % 1000 == 0)
+            da = run(&p, &a, r, q, 0, ms);
+        db = run(&p, &b, r, q, 0, ms);
+        /* Slot minima and maxima see a few more samples, so a rounding may
+         * flip (and a window then holds it): never more than one replica.
+         * History kept per call would expire four times sooner here. */
+        if (ms % 1000 == 0)
+            assert_true(labs(da.desired - db.desired) <= 1);
+    }
+    assert_int_equal(da.desired, db.desired);
 }
 
 int main(void)
@@ -163,6 +479,19 @@ int main(void)
         cmocka_unit_test(test_stale_sources_never_scale_down),
         cmocka_unit_test(test_stale_without_history_reports_inputs),
         cmocka_unit_test(test_strings),
+        cmocka_unit_test(test_v1_params_are_v1),
+        cmocka_unit_test(test_defaults_are_sane),
+        cmocka_unit_test(test_utilisation_target),
+        cmocka_unit_test(test_forecast_follows_a_trend),
+        cmocka_unit_test(test_forecast_ignores_noise),
+        cmocka_unit_test(test_demand_by_conservation),
+        cmocka_unit_test(test_backlog_that_drains_or_bursts_adds_nothing),
+        cmocka_unit_test(test_wake_sized_by_arrivals),
+        cmocka_unit_test(test_tokens_per_request_learned_from_a_wake),
+        cmocka_unit_test(test_keep_warm_break_even),
+        cmocka_unit_test(test_zero_forgets_the_windows),
+        cmocka_unit_test(test_v2_stale_hold),
+        cmocka_unit_test(test_call_rate_does_not_matter),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

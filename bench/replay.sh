@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Trace-replay benchmark of thaw's scaling policy against KEDA + HPA,
+# Knative's KPA and an oracle (docs/scaling-policy.md explains the model).
+#
+#   bench/replay.sh [OUT_DIR]
+#
+# Environment: THAW_BUILD_DIR (default build), THAW_TRACE_DIR (default
+# ../shared/traces next to the checkout). Writes OUT_DIR/replay.md and
+# OUT_DIR/replay.json (default OUT_DIR: $THAW_BUILD_DIR/replay) and prints
+# the tables. Bounded: the whole run takes seconds; a 5-minute timeout guards it.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(dirname "$here")
+build=${THAW_BUILD_DIR:-$root/build}
+traces=${THAW_TRACE_DIR:-$(cd "$root/.." && pwd)/shared/traces}
+out=${1:-$build/replay}
+
+if [ ! -f "$build/build.ninja" ]; then
+    meson setup "$build" "$root" >/dev/null
+fi
+meson compile -C "$build" thaw-replay >/dev/null
+bin=$build/bench/replay/thaw-replay
+mkdir -p "$out"
+
+run() {
+    timeout 300 "$bin" --trace-dir "$traces" "$@"
+}
+
+{
+    echo "# Scaling policy replay"
+    echo
+    echo "Command: \`bench/replay.sh\` ($(date -u +%Y-%m-%d), $(git -C "$root" rev-parse --short HEAD 2>/dev/null || echo unknown))"
+    echo
+    echo "## Main table: every trace and shape, cold starts 30 s and 120 s"
+    echo
+    run --json "$out/replay.json"
+    echo
+    echo "## Policy v1 (what thaw-scaler runs until the v2 knobs have flags) vs v2"
+    echo
+    run --policies thaw-v1,thaw,oracle
+    echo
+    echo "## Sensitivity: the token-rate query counts generated tokens only (the scaler's default query)"
+    echo
+    run --prompt-weight 0 --traces azure-code,azure-conv
+    echo
+    echo "## Sensitivity: every autoscaler starts at zero replicas"
+    echo
+    run --warm-start 0 --traces azure-code,azure-conv,step
+} | tee "$out/replay.md"
+echo "wrote $out/replay.md and $out/replay.json" >&2

@@ -1,0 +1,50 @@
+/* trace: request arrivals for the replay, read from an Azure LLM inference
+ * CSV or generated from a named synthetic shape with a seed.
+ *
+ * A trace is a sorted array of (arrival seconds from the first request,
+ * prompt tokens, generated tokens). No I/O beyond reading the CSV file. */
+#ifndef THAW_REPLAY_TRACE_H
+#define THAW_REPLAY_TRACE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+struct trace_req {
+    double t;      /* arrival, seconds from the start of the trace */
+    int ctx;       /* prompt tokens, >= 1 */
+    int gen;       /* generated tokens, >= 1 */
+};
+
+struct trace {
+    char name[64];
+    struct trace_req *reqs; /* owned; sorted by t */
+    size_t n;
+    double span;            /* last arrival - first arrival */
+};
+
+/* Reads `TIMESTAMP,ContextTokens,GeneratedTokens` (Azure format, header line
+ * first, timestamps `YYYY-MM-DD HH:MM:SS.fffffff`). At most max_seconds of
+ * the trace are kept (<= 0: all). Returns 0, or -1 with err set; on failure
+ * out holds nothing to free. */
+int trace_load_azure(const char *path, double max_seconds, struct trace *out, char *err,
+                     size_t errlen);
+
+/* Names of the synthetic shapes, NULL-terminated: step, ramp, diurnal,
+ * onoff, idle. */
+extern const char *const trace_shapes[];
+
+/* Generates a synthetic shape (Poisson arrivals at a time-varying rate,
+ * prompt/output lengths log-normal around the Azure conversation trace's).
+ * duration_s <= 0 uses the shape's own length. rate_scale multiplies every
+ * rate (1 = the documented levels). Same seed, same trace. Returns 0, or -1
+ * with err set (unknown shape, out of memory). */
+int trace_synth(const char *shape, uint64_t seed, double duration_s, double rate_scale,
+                struct trace *out, char *err, size_t errlen);
+
+/* Releases reqs; accepts NULL and zeroed traces. */
+void trace_finish(struct trace *t);
+
+/* Sum of prompt + generated tokens. */
+double trace_tokens(const struct trace *t);
+
+#endif
