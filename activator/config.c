@@ -48,6 +48,10 @@ static const struct field_def model_fields[] = {
     {"probeMaxMs", F_INT, MF(probe_max_ms), 0, 1, 600000, "1000", false},
     {"probeTimeoutMs", F_INT, MF(probe_timeout_ms), 0, 1, 600000, "1000", false},
     {"dnsRefreshSeconds", F_SECONDS, MF(dns_refresh_ms), 0, 0.1, 3600, "5", false},
+    {"responseHeaderTimeoutSeconds", F_SECONDS, MF(response_header_timeout_ms), 0, 0.01, 86400,
+     "300", false},
+    {"responseIdleTimeoutSeconds", F_SECONDS, MF(response_idle_timeout_ms), 0, 0.01, 86400, "600",
+     false},
 };
 
 static const struct field_def limit_fields[] = {
@@ -56,6 +60,7 @@ static const struct field_def limit_fields[] = {
     {"maxBodyBytes", F_INT, LF(max_body_bytes), 0, 0, 1099511627776.0, "16777216", false},
     {"routeBodyBytes", F_INT, LF(route_body_bytes), 0, 256, 16777216, "65536", false},
     {"headerTimeoutSeconds", F_SECONDS, LF(header_timeout_ms), 0, 0.01, 3600, "10", false},
+    {"bodyIdleTimeoutSeconds", F_SECONDS, LF(body_idle_timeout_ms), 0, 0.01, 3600, "30", false},
     {"idleTimeoutSeconds", F_SECONDS, LF(idle_timeout_ms), 0, 0.01, 86400, "60", false},
     {"drainTimeoutSeconds", F_SECONDS, LF(drain_timeout_ms), 0, 0, 86400, "30", false},
     {"connectTimeoutMs", F_INT, LF(connect_timeout_ms), 0, 1, 600000, "2000", false},

@@ -42,6 +42,8 @@ struct model_config {
     long probe_max_ms;
     long probe_timeout_ms;
     long dns_refresh_ms;
+    long response_header_timeout_ms; /* request sent -> response head */
+    long response_idle_timeout_ms;   /* between response body reads */
 };
 
 struct limits_config {
@@ -50,6 +52,7 @@ struct limits_config {
     long max_body_bytes;
     long route_body_bytes; /* body prefix buffered to find "model" */
     long header_timeout_ms;
+    long body_idle_timeout_ms; /* forwarded request body: no progress this long */
     long idle_timeout_ms;
     long drain_timeout_ms;
     long connect_timeout_ms;

@@ -1,9 +1,13 @@
+/* POLLRDHUP (Linux) is only declared with _GNU_SOURCE. */
+#define _GNU_SOURCE
+
 #include "conn.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
@@ -486,4 +490,23 @@ void conn_set_timeout(struct conn *c, long ms)
         return;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(c->tev, &tv);
+}
+
+bool conn_read_full(const struct conn *c)
+{
+    return c->read_hi > 0 && evbuffer_get_length(c->in) >= c->read_hi;
+}
+
+bool conn_peer_closed(const struct conn *c)
+{
+    if (c->read_eof || c->broken)
+        return true;
+    if (c->dead || c->connecting)
+        return false;
+    /* POLLRDHUP reports the peer's FIN even behind unread bytes, which a
+     * read could only reach after consuming them. */
+    struct pollfd p = {.fd = c->fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0)
+        return false;
+    return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
 }

@@ -66,4 +66,12 @@ void conn_disable_read(struct conn *c);
 /* One timer: CONN_TIMEOUT after ms (<= 0 cancels). */
 void conn_set_timeout(struct conn *c, long ms);
 
+/* True while reading is stopped because the input holds the high watermark
+ * (no read event then, so no CONN_EOF either). */
+bool conn_read_full(const struct conn *c);
+/* Whether the peer has closed (FIN, even behind unread bytes) or reset the
+ * connection, asked of the socket now with one poll(); no callback fires.
+ * For connections whose reading is stopped. */
+bool conn_peer_closed(const struct conn *c);
+
 #endif

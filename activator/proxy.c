@@ -90,6 +90,7 @@ struct req {
     bool close_after;
     bool resp_paused;
     bool body_paused;
+    bool head_timer_on; /* responseHeaderTimeout armed for the current send */
     int64_t t_start_us;
     int64_t t_dispatch_us;
 };
@@ -168,8 +169,9 @@ struct proxy {
 
 static const char *const outcome_names[PROXY_OUTCOME_COUNT] = {
     "ok",           "bad_request",   "body_too_large", "headers_too_large", "header_timeout",
-    "model_not_found", "hold_full",  "shed",           "draining",          "hold_timeout",
-    "bad_gateway",  "aborted",       "client_closed",  "internal_error",
+    "body_timeout", "model_not_found", "hold_full",    "shed",              "draining",
+    "hold_timeout", "upstream_timeout", "bad_gateway", "aborted",           "client_closed",
+    "internal_error",
 };
 
 const char *proxy_outcome_to_str(enum proxy_outcome o)
@@ -194,6 +196,7 @@ static void pump_to_upstream(struct req *r);
 static void send_heartbeat_head(struct req *r);
 static void commit_sent(struct req *r);
 static void disarm_timer(struct client *cl);
+static void arm_timer(struct client *cl, long ms);
 
 static int64_t now_ms(void) { return clock_mono_ms(); }
 
@@ -379,6 +382,32 @@ static void req_fail(struct req *r, int status, enum proxy_outcome o, const char
     }
     write_error(r->cl, status, code, msg, close, r->early_head);
     req_end(r, o, close);
+}
+
+/* Ends a response under way that cannot be finished. A chunked client gets
+ * no last chunk and a Content-Length one a short body; an HTTP/1.0 client
+ * whose body ends at the close gets a reset instead, so that no client can
+ * take the truncated response for a complete one. */
+static void req_cut(struct req *r, enum proxy_outcome o)
+{
+    up_release(r, false);
+    if (!r->client_chunked && r->resp_body != HTTP1_BODY_LENGTH) {
+        struct linger lg = {.l_onoff = 1, .l_linger = 0};
+        if (setsockopt(conn_fd(r->cl->c), SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) < 0)
+            LOG_DEBUG("linger_failed", "client=%s err=\"%s\"", r->cl->ip, strerror(errno));
+    }
+    req_end(r, o, true);
+}
+
+/* Ends r after a timeout: an error status while the client has seen no
+ * response head, else the response is cut. */
+static void req_timeout(struct req *r, int status, enum proxy_outcome o, const char *code,
+                        const char *msg)
+{
+    if (r->resp_head_done)
+        req_cut(r, o);
+    else
+        req_fail(r, status, o, code, msg);
 }
 
 /* ---- response path (upstream -> client) ---- */
@@ -593,8 +622,7 @@ static void up_read_cb(struct conn *c, void *arg)
     int st = pump_response(r);
     if (st < 0) {
         LOG_WARN("upstream_bad_chunk", "model=%s", r->m->name);
-        up_release(r, false);
-        req_end(r, OUT_ABORTED, true);
+        req_cut(r, OUT_ABORTED);
         return;
     }
     if (st == 1) {
@@ -602,6 +630,9 @@ static void up_read_cb(struct conn *c, void *arg)
         return;
     }
     check_resp_backpressure(r);
+    /* The idle period restarts with every read; it is off while the client
+     * is the slow side (a paused upstream cannot be heard from). */
+    conn_set_timeout(r->up, r->resp_paused ? 0 : r->m->mc->response_idle_timeout_ms);
 }
 
 /* The upstream output drained: send more of the request body. */
@@ -638,6 +669,19 @@ static void up_event_cb(struct conn *c, int what, int err, void *arg)
         pump_to_upstream(r);
         return;
     }
+    if ((what & CONN_TIMEOUT) && r->state == RS_UPSTREAM) {
+        /* The backend went quiet: never resent (it may still be working). */
+        bool head = !r->resp_head_done;
+        long ms = head ? r->m->mc->response_header_timeout_ms : r->m->mc->response_idle_timeout_ms;
+        char msg[160];
+        snprintf(msg, sizeof(msg), "the model server sent %s for %ld ms (%s)",
+                 head ? "no response head" : "nothing more", ms,
+                 head ? "responseHeaderTimeoutSeconds" : "responseIdleTimeoutSeconds");
+        LOG_WARN("upstream_timeout", "model=%s endpoint=%s phase=%s timeout_ms=%ld", r->m->name,
+                 endpoint_label(r->ep), head ? "head" : "body", ms);
+        req_timeout(r, 504, OUT_UPSTREAM_TIMEOUT, "upstream_timeout", msg);
+        return;
+    }
     if (r->resp_head_done) {
         if (r->resp_body == HTTP1_BODY_UNTIL_CLOSE && (what & CONN_EOF)) {
             pump_response(r);
@@ -648,8 +692,7 @@ static void up_event_cb(struct conn *c, int what, int err, void *arg)
             return;
         }
         LOG_WARN("upstream_truncated", "model=%s endpoint=%s", r->m->name, endpoint_label(r->ep));
-        up_release(r, false);
-        req_end(r, OUT_ABORTED, true);
+        req_cut(r, OUT_ABORTED);
         return;
     }
     bool connecting = r->state == RS_CONNECTING;
@@ -726,18 +769,54 @@ static int pump_body(struct req *r, struct evbuffer *dst, bool chunked, size_t l
     return 0;
 }
 
+/* Moves what the client sent of the body upstream. Until the body is
+ * complete the client's timer measures bodyIdleTimeout: this runs on every
+ * byte event of either side (client input, upstream output drained), so it
+ * restarts the period. Then the upstream's timer measures
+ * responseHeaderTimeout, once per send (from the request fully written). */
 static void pump_to_upstream(struct req *r)
 {
-    if (r->state != RS_UPSTREAM || r->body_done || !r->up)
+    if (r->state != RS_UPSTREAM || !r->up)
         return;
-    struct proxy *px = r->cl->px;
-    int st = pump_body(r, conn_output(r->up), r->up_chunked,
-                       (size_t)px->cfg->limits.buffer_bytes);
-    if (st != 0) {
-        req_fail(r, st, st == 413 ? OUT_BODY_TOO_LARGE : OUT_BAD_REQUEST,
-                 st == 413 ? "request_too_large" : "bad_request",
-                 st == 413 ? "request body too large" : "malformed chunked body");
+    struct client *cl = r->cl;
+    struct proxy *px = cl->px;
+    if (!r->body_done) {
+        int st = pump_body(r, conn_output(r->up), r->up_chunked,
+                           (size_t)px->cfg->limits.buffer_bytes);
+        if (st != 0) {
+            req_fail(r, st, st == 413 ? OUT_BODY_TOO_LARGE : OUT_BAD_REQUEST,
+                     st == 413 ? "request_too_large" : "bad_request",
+                     st == 413 ? "request body too large" : "malformed chunked body");
+            return;
+        }
+        if (!r->body_done) {
+            arm_timer(cl, px->cfg->limits.body_idle_timeout_ms);
+            return;
+        }
+        disarm_timer(cl);
     }
+    if (!r->resp_head_done && !r->head_timer_on) {
+        r->head_timer_on = true;
+        conn_set_timeout(r->up, r->m->mc->response_header_timeout_ms);
+    }
+}
+
+/* bodyIdleTimeout passed without progress on the body. Bytes still waiting
+ * in the client's input mean the backend stopped taking them; none means
+ * the client stopped sending. The upstream connection is closed either way
+ * (it holds part of a request). */
+static void body_stalled(struct req *r)
+{
+    struct client *cl = r->cl;
+    bool backend = evbuffer_get_length(conn_input(cl->c)) > 0;
+    LOG_INFO("body_timeout", "model=%s client=%s body_read=%llu waiting_on=%s", r->m->name,
+             cl->ip, (unsigned long long)r->body_read, backend ? "backend" : "client");
+    if (backend)
+        req_timeout(r, 504, OUT_UPSTREAM_TIMEOUT, "upstream_timeout",
+                    "the model server stopped reading the request body");
+    else
+        req_timeout(r, 408, OUT_BODY_TIMEOUT, "request_timeout",
+                    "the request body stopped arriving (bodyIdleTimeoutSeconds)");
 }
 
 /* Writes the request to the upstream connection. Head and body stay in r
@@ -772,6 +851,7 @@ static void send_request(struct req *r)
         evbuffer_add(out, evbuffer_pullup(r->body, -1), bl);
     r->resp_started = false;
     r->resp_head_done = false;
+    r->head_timer_on = false;
     http1_scan_init(&r->rscan);
 }
 
@@ -1343,9 +1423,12 @@ static void client_drop_req(struct client *cl)
         cl->req = NULL;
         count_outcome(px, r->m, OUT_CLIENT_CLOSED);
         struct model_rt *m = r->m;
+        bool held = r->state == RS_HELD;
         req_free(r);
         if (m && m->hq.count > 0 && !px->freeing)
             release_held(m);
+        else if (m && held && !px->freeing)
+            publish_held(m); /* the last held request left: the HDEL need not wait */
     } else if (cl->in_head) {
         cl->in_head = false;
         count_outcome(px, NULL, OUT_CLIENT_CLOSED);
@@ -1497,6 +1580,10 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
                  "the request body did not arrive in time");
         return;
     }
+    if (cl->req && cl->req->state == RS_UPSTREAM && !cl->req->body_done) {
+        body_stalled(cl->req);
+        return;
+    }
     if (!cl->req)
         client_kill(cl); /* idle keep-alive connection */
 }
@@ -1573,6 +1660,23 @@ static void free_removed(struct proxy *px)
     }
 }
 
+/* A held request's client is read only up to its buffer bound; past it no
+ * read event can report a close, so the socket is asked instead. Without
+ * this, a gone client would keep its place (and the held counts) until it
+ * was answered. */
+static void reap_held_clients(struct proxy *px)
+{
+    /* client_kill only marks; clients leave the list later, from their kick. */
+    for (struct client *cl = px->clients; cl; cl = cl->next) {
+        struct req *r = cl->req;
+        if (!r || r->state != RS_HELD || cl->dead || !conn_read_full(cl->c) ||
+            !conn_peer_closed(cl->c))
+            continue;
+        LOG_INFO("held_client_gone", "model=%s client=%s", r->m->name, cl->ip);
+        client_kill(cl);
+    }
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -1584,6 +1688,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
         model_apply(m, model_sm_handle(&m->sm, MEV_TICK, now, m->hq.count));
     }
     free_removed(px);
+    reap_held_clients(px);
     if (now - px->last_redis_ms >= REDIS_REFRESH_MS) {
         px->last_redis_ms = now;
         for (size_t i = 0; i < px->nmodels; i++) {
@@ -1893,10 +1998,9 @@ static void drain_deadline_cb(evutil_socket_t fd, short what, void *arg)
         struct req *r = cl->req;
         if (r && !r->resp_head_done)
             req_fail(r, 503, OUT_DRAINING, "draining", "the activator is shutting down");
-        else if (r) {
-            up_release(r, false); /* mid-response: nothing clean left to send */
-            req_end(r, OUT_ABORTED, true);
-        } else
+        else if (r)
+            req_cut(r, OUT_ABORTED); /* mid-response: nothing clean left to send */
+        else
             client_close(cl);
     }
     check_drained(px);

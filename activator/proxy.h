@@ -32,17 +32,20 @@ enum proxy_outcome {
     OUT_BODY_TOO_LARGE,    /* 413 */
     OUT_HEADERS_TOO_LARGE, /* 431 */
     OUT_HEADER_TIMEOUT,    /* 408: the head did not arrive in time */
+    OUT_BODY_TIMEOUT,      /* 408 (or cut): the forwarded body stalled past bodyIdleTimeout */
     OUT_MODEL_NOT_FOUND,   /* 404 */
     OUT_HOLD_FULL,         /* 503: hold queue full */
     OUT_SHED,              /* 503: pushed out by a higher-priority request */
     OUT_DRAINING,          /* 503: shutting down */
     OUT_HOLD_TIMEOUT,      /* 504: held past the model's hold timeout */
+    OUT_UPSTREAM_TIMEOUT,  /* 504 before the response head, else the response cut: the
+                              backend went quiet (responseHeader/IdleTimeout) */
     OUT_BAD_GATEWAY,       /* 502: the backend failed after the request was sent */
     OUT_ABORTED,           /* response cut short (backend or drain deadline) */
     OUT_CLIENT_CLOSED,     /* the client left before its answer */
     OUT_INTERNAL,          /* 500: out of memory or similar */
 };
-#define PROXY_OUTCOME_COUNT 14
+#define PROXY_OUTCOME_COUNT 16
 
 const char *proxy_outcome_to_str(enum proxy_outcome o);
 

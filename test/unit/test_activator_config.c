@@ -59,6 +59,38 @@ static void test_full(void **state)
     config_free(NULL);
 }
 
+/* The upstream timeouts come from the built-in default, then "defaults",
+ * then the model; the body idle timeout is a limit. */
+static void test_timeouts(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    struct config *cfg = parse("{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"}]}",
+                               err, sizeof(err));
+    if (!cfg)
+        fail_msg("%s", err);
+    assert_int_equal(cfg->limits.body_idle_timeout_ms, 30000);
+    assert_int_equal(cfg->models[0].response_header_timeout_ms, 300000);
+    assert_int_equal(cfg->models[0].response_idle_timeout_ms, 600000);
+    config_free(cfg);
+
+    const char *text =
+        "{\"limits\":{\"bodyIdleTimeoutSeconds\":2.5},"
+        "\"defaults\":{\"responseHeaderTimeoutSeconds\":45,\"responseIdleTimeoutSeconds\":0.25},"
+        "\"models\":[{\"name\":\"a\",\"backend\":\"http://a\","
+        "\"responseHeaderTimeoutSeconds\":0.5},"
+        "{\"name\":\"b\",\"backend\":\"http://b\",\"responseIdleTimeoutSeconds\":3600}]}";
+    cfg = parse(text, err, sizeof(err));
+    if (!cfg)
+        fail_msg("%s", err);
+    assert_int_equal(cfg->limits.body_idle_timeout_ms, 2500);
+    assert_int_equal(cfg->models[0].response_header_timeout_ms, 500);  /* own */
+    assert_int_equal(cfg->models[0].response_idle_timeout_ms, 250);    /* defaults */
+    assert_int_equal(cfg->models[1].response_header_timeout_ms, 45000); /* defaults */
+    assert_int_equal(cfg->models[1].response_idle_timeout_ms, 3600000); /* own */
+    config_free(cfg);
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -103,6 +135,18 @@ static void test_errors(void **state)
         {"{\"apiKeyTiers\":{\"k\":\"urgent\"},\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"}]}",
          "apiKeyTiers.k"},
         {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\",\"name\":\"b\"}]}", "duplicate"},
+        {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\","
+         "\"responseHeaderTimeoutSeconds\":0}]}",
+         "models[0].responseHeaderTimeoutSeconds: expected a number in 0.01..86400"},
+        {"{\"defaults\":{\"responseIdleTimeoutSeconds\":\"600\"},"
+         "\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"}]}",
+         "defaults.responseIdleTimeoutSeconds: expected a number"},
+        {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"},{\"name\":\"b\","
+         "\"backend\":\"http://b\",\"responseIdleTimeoutSeconds\":-1}]}",
+         "models[1].responseIdleTimeoutSeconds: expected a number in 0.01..86400"},
+        {"{\"limits\":{\"bodyIdleTimeoutSeconds\":7200},"
+         "\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"}]}",
+         "limits.bodyIdleTimeoutSeconds: expected a number in 0.01..3600"},
     };
     for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
         char err[256] = "";
@@ -162,6 +206,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full),
+        cmocka_unit_test(test_timeouts),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_backend_url),
         cmocka_unit_test(test_oom),
