@@ -20,6 +20,7 @@
 #include "expo.h"
 #include "grpc_frame.h"
 #include "log.h"
+#include "tls.h"
 
 #define UNKNOWN_METHOD ((size_t)-1)
 /* Time a new connection has to send the HTTP/2 preface and its SETTINGS. */
@@ -58,6 +59,10 @@ struct conn {
     int in_nghttp2; /* inside mem_recv/mem_send: flushing is done by the caller */
     int greeted;    /* the client preface and a first frame arrived */
     struct event *flush_ev; /* flushes sends made outside nghttp2 callbacks, batched */
+    int is_tls;
+    int tls_ready; /* handshake done with ALPN h2 */
+    int closing;   /* refused after the handshake: freed on the next loop turn */
+    int broken;    /* the peer went away or errored: no close_notify */
     char peer[64];
     struct conn *prev, *next;
 };
@@ -73,6 +78,7 @@ struct grpc_server {
     size_t nmethods;
     struct grpc_server_limits limits;
     struct evconnlistener *listener;
+    struct tls_server *tls; /* NULL: cleartext */
     struct conn *conns;
     size_t nconns;
     size_t streams_open;
@@ -446,6 +452,10 @@ static void conn_maybe_close(struct conn *c)
  * The write callback continues when the socket drains. */
 static void conn_flush(struct conn *c)
 {
+    if (c->closing) {
+        conn_free(c);
+        return;
+    }
     if (c->in_nghttp2)
         return;
     struct evbuffer *out = bufferevent_get_output(c->bev);
@@ -470,8 +480,9 @@ static void conn_flush(struct conn *c)
     c->in_nghttp2 = 0;
     /* Write now rather than one loop turn later when epoll reports the
      * socket writable: a reply then costs one writev and no epoll_ctl. What
-     * the socket does not take stays queued for the bufferevent. */
-    if (evbuffer_get_length(out) > 0)
+     * the socket does not take stays queued for the bufferevent. Never on
+     * TLS: those bytes must go through OpenSSL. */
+    if (!c->is_tls && evbuffer_get_length(out) > 0)
         evbuffer_write(out, bufferevent_getfd(c->bev));
     conn_maybe_close(c);
 }
@@ -517,8 +528,24 @@ static void conn_flush_ev_cb(evutil_socket_t fd, short what, void *arg) { conn_f
 static void conn_event_cb(struct bufferevent *bev, short events, void *arg)
 {
     struct conn *c = arg;
-    if (events & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT))
+    if (events & BEV_EVENT_CONNECTED) {
+        /* Only TLS bufferevents report this: the handshake is done. */
+        if (c->is_tls && tls_server_handshake_done(c->srv->tls, bev, c->peer) == 0) {
+            c->tls_ready = 1;
+            return;
+        }
+        /* libevent is still inside its handshake step: close on the next turn. */
+        c->closing = 1;
+        bufferevent_disable(bev, EV_READ | EV_WRITE);
+        event_active(c->flush_ev, EV_TIMEOUT, 0);
+        return;
+    }
+    if (events & (BEV_EVENT_EOF | BEV_EVENT_ERROR | BEV_EVENT_TIMEOUT)) {
+        if (c->is_tls && !c->tls_ready && !c->closing)
+            tls_server_handshake_failed(c->srv->tls, bev, events, c->peer);
+        c->broken = 1;
         conn_free(c);
+    }
 }
 
 static void conn_free(struct conn *c)
@@ -530,6 +557,8 @@ static void conn_free(struct conn *c)
     while (c->calls)
         call_release(c->calls, 1);
     nghttp2_session_del(c->session);
+    if (c->tls_ready && !c->broken)
+        tls_conn_close_notify(c->bev);
     bufferevent_free(c->bev);
     if (c->flush_ev)
         event_free(c->flush_ev);
@@ -585,7 +614,10 @@ static void accept_cb(struct evconnlistener *listener, evutil_socket_t fd, struc
     }
     snprintf(c->peer, sizeof(c->peer), "%s:%d", host, port);
     c->srv = srv;
-    c->bev = bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
+    c->is_tls = srv->tls != NULL;
+    /* The TLS bufferevent closes fd itself when it cannot be made. */
+    c->bev = c->is_tls ? tls_server_accept(srv->tls, srv->base, fd)
+                       : bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
     c->flush_ev = event_new(srv->base, -1, 0, conn_flush_ev_cb, c);
     nghttp2_session_callbacks *cbs = make_callbacks();
     if (!c->bev || !c->flush_ev || !cbs || nghttp2_session_server_new(&c->session, cbs, c) != 0) {
@@ -594,7 +626,7 @@ static void accept_cb(struct evconnlistener *listener, evutil_socket_t fd, struc
             event_free(c->flush_ev);
         if (c->bev)
             bufferevent_free(c->bev);
-        else
+        else if (!c->is_tls)
             evutil_closesocket(fd);
         thaw_free(c);
         return;
@@ -740,6 +772,8 @@ void grpc_server_shutdown(struct grpc_server *srv)
 }
 
 size_t grpc_server_connection_count(const struct grpc_server *srv) { return srv->nconns; }
+
+void grpc_server_set_tls(struct grpc_server *srv, struct tls_server *tls) { srv->tls = tls; }
 
 void grpc_server_write_metrics(const struct grpc_server *srv, struct evbuffer *out,
                                const char *prefix)

@@ -1,5 +1,6 @@
-/* grpc_server: a gRPC server over HTTP/2 cleartext (prior knowledge), on
- * nghttp2 and libevent, for unary and server-streaming methods.
+/* grpc_server: a gRPC server over HTTP/2, cleartext (prior knowledge) or TLS
+ * with ALPN h2 (common/tls.h), on nghttp2 and libevent, for unary and
+ * server-streaming methods.
  *
  * The server owns connections and streams. A handler gets one decoded
  * request message (the bytes; protobuf decoding is the handler's) and a call
@@ -12,9 +13,9 @@
  * message over max_message gets RESOURCE_EXHAUSTED; zero or several request
  * messages get INTERNAL; output per connection is bounded (backpressure,
  * not unbounded buffering); a connection that has not sent the HTTP/2
- * preface and SETTINGS within 10 s is closed, one that has may idle; calls
- * and latency are counted per method and
- * status. Single-threaded: everything runs on the given event loop. */
+ * preface and SETTINGS within 10 s (TLS handshake included) is closed, one
+ * that has may idle; calls and latency are counted per method and status.
+ * Single-threaded: everything runs on the given event loop. */
 #ifndef THAW_GRPC_SERVER_H
 #define THAW_GRPC_SERVER_H
 
@@ -25,6 +26,7 @@ struct event_base;
 struct evbuffer;
 struct grpc_server;
 struct grpc_call;
+struct tls_server;
 
 typedef void (*grpc_handler_fn)(void *ud, struct grpc_call *call, const uint8_t *msg,
                                 size_t len);
@@ -51,6 +53,11 @@ struct grpc_server *grpc_server_new(struct event_base *base, const struct grpc_m
                                     size_t nmethods, const struct grpc_server_limits *limits);
 /* Closes every connection at once (cancel callbacks run). Accepts NULL. */
 void grpc_server_free(struct grpc_server *srv);
+
+/* Serves TLS on connections accepted from now on (NULL: cleartext again).
+ * Does not take ownership: tls must outlive the server. Reloading its
+ * certificate affects new connections only. */
+void grpc_server_set_tls(struct grpc_server *srv, struct tls_server *tls);
 
 /* Binds host:port (port 0 picks one) and starts accepting. *bound_port gets
  * the port. Returns 0, or -1 with err filled. */

@@ -26,6 +26,7 @@
 #include "redis_source.h"
 #include "service.h"
 #include "state.h"
+#include "tls.h"
 
 struct settings {
     char *listen;
@@ -45,6 +46,12 @@ struct settings {
     double target_expiry_seconds;
     long max_connections;
     double shutdown_timeout_seconds;
+    char *tls_cert_file;
+    char *tls_key_file;
+    char *tls_client_ca_file;
+    double tls_reload_interval_seconds;
+    char *redis_key_prefix;
+    char *allowed_namespaces;
 };
 
 #define S(f) offsetof(struct settings, f)
@@ -88,6 +95,22 @@ static const struct opt_def option_defs[] = {
      "gRPC connections accepted at once", "maxConnections"},
     {"shutdown-timeout-seconds", OPT_DOUBLE, S(shutdown_timeout_seconds), "5", 0, 600,
      "on SIGTERM, how long to wait for connections to close", "shutdownTimeoutSeconds"},
+    {"tls-cert-file", OPT_STRING, S(tls_cert_file), NULL, 0, 0,
+     "PEM certificate chain for the gRPC port; with --tls-key-file turns TLS on (ALPN h2)",
+     "tlsCertFile"},
+    {"tls-key-file", OPT_STRING, S(tls_key_file), NULL, 0, 0,
+     "PEM private key of --tls-cert-file", "tlsKeyFile"},
+    {"tls-client-ca-file", OPT_STRING, S(tls_client_ca_file), NULL, 0, 0,
+     "PEM CA bundle: clients must present a certificate it signed (mutual TLS)",
+     "tlsClientCaFile"},
+    {"tls-reload-interval-seconds", OPT_DOUBLE, S(tls_reload_interval_seconds), "5", 0, 3600,
+     "how often the TLS files are checked for changes and reloaded (0: never)",
+     "tlsReloadIntervalSeconds"},
+    {"redis-key-prefix", OPT_STRING, S(redis_key_prefix), "thaw:queue:", 0, 0,
+     "ScaledObjects' redisKey must start with this (\"\" allows any key)", "redisKeyPrefix"},
+    {"allowed-namespaces", OPT_STRING, S(allowed_namespaces), "", 0, 0,
+     "comma-separated namespaces whose ScaledObjects are served (\"\" = all)",
+     "allowedNamespaces"},
 };
 #undef S
 #define NOPTIONS (sizeof(option_defs) / sizeof(option_defs[0]))
@@ -98,10 +121,12 @@ struct app {
     struct scaler_service *svc;
     struct scaler_state *st;
     struct grpc_server *grpc;
+    struct tls_server *tls; /* NULL: cleartext gRPC */
     struct evhttp *http;
     struct prom_source *prom;
     struct redis_source *redis;
     struct event *prom_timer, *redis_timer, *tick_timer, *sigterm, *sigint, *shutdown_timer;
+    struct event *tls_timer;
     bool queue_in_flight, held_in_flight, stopping;
     int64_t last_gc_ms;
 };
@@ -184,6 +209,14 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     scaler_state_tick(app->st, clock_mono_ms());
 }
 
+static void tls_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct app *app = arg;
+    char err[512];
+    /* Logs and counts by itself; a failure keeps the certificate in use. */
+    tls_server_check_reload(app->tls, err, sizeof(err));
+}
+
 static void on_wake(void *ud, const char *model)
 {
     struct app *app = ud;
@@ -227,6 +260,8 @@ static void http_metrics(struct evhttp_request *req, void *arg)
     scaler_state_write_metrics(app->st, out, now);
     scaler_service_write_metrics(app->svc, out);
     grpc_server_write_metrics(app->grpc, out, "thaw_scaler");
+    if (app->tls)
+        tls_server_write_metrics(app->tls, out, "thaw_scaler");
     struct prom_source_stats ps;
     struct redis_source_stats rs;
     prom_source_get_stats(app->prom, &ps);
@@ -315,6 +350,8 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
     event_del(app->prom_timer);
     event_del(app->redis_timer);
     event_del(app->tick_timer);
+    if (app->tls_timer)
+        event_del(app->tls_timer);
     struct timeval tv = {(time_t)app->cfg.shutdown_timeout_seconds,
                          (suseconds_t)((app->cfg.shutdown_timeout_seconds -
                                         (double)(time_t)app->cfg.shutdown_timeout_seconds) *
@@ -372,6 +409,7 @@ static int listen_http(struct app *app, int *port, char *err, size_t errlen)
 static void app_free(struct app *app)
 {
     grpc_server_free(app->grpc); /* cancels streams: the service forgets them */
+    tls_server_free(app->tls);   /* after the connections that use it */
     scaler_service_free(app->svc);
     scaler_state_free(app->st);
     prom_source_free(app->prom);
@@ -379,13 +417,48 @@ static void app_free(struct app *app)
     if (app->http)
         evhttp_free(app->http);
     struct event *evs[] = {app->prom_timer, app->redis_timer, app->tick_timer,
-                           app->sigterm,    app->sigint,      app->shutdown_timer};
+                           app->sigterm,    app->sigint,      app->shutdown_timer,
+                           app->tls_timer};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             event_free(evs[i]);
     if (app->base)
         event_base_free(app->base);
     options_free(option_defs, NOPTIONS, &app->cfg);
+}
+
+/* TLS on the gRPC port when a certificate is given; cleartext otherwise. */
+static int setup_tls(struct app *app, char *err, size_t errlen)
+{
+    const char *cert = app->cfg.tls_cert_file, *key = app->cfg.tls_key_file;
+    const char *ca = app->cfg.tls_client_ca_file;
+    int have_cert = cert && cert[0], have_key = key && key[0], have_ca = ca && ca[0];
+    if (!have_cert && !have_key) {
+        if (have_ca) {
+            snprintf(err, errlen, "--tls-client-ca-file needs --tls-cert-file and --tls-key-file");
+            return -1;
+        }
+        return 0;
+    }
+    if (!have_cert || !have_key) {
+        snprintf(err, errlen, "--tls-cert-file and --tls-key-file go together");
+        return -1;
+    }
+    struct tls_server_config tc = {.cert_file = cert, .key_file = key, .client_ca_file = ca};
+    app->tls = tls_server_new(&tc, err, errlen);
+    if (!app->tls)
+        return -1;
+    grpc_server_set_tls(app->grpc, app->tls);
+    double iv = app->cfg.tls_reload_interval_seconds;
+    if (iv > 0) {
+        app->tls_timer = event_new(app->base, -1, EV_PERSIST, tls_timer_cb, app);
+        struct timeval tv = {(time_t)iv, (suseconds_t)((iv - (double)(time_t)iv) * 1e6)};
+        if (!app->tls_timer || event_add(app->tls_timer, &tv) != 0) {
+            snprintf(err, errlen, "out of memory");
+            return -1;
+        }
+    }
+    return 0;
 }
 
 static struct timeval ms_to_tv(long ms)
@@ -398,6 +471,7 @@ int main(int argc, char **argv)
 {
     struct app app;
     char err[512];
+    char q1[600];
     memset(&app, 0, sizeof(app));
     signal(SIGPIPE, SIG_IGN);
 
@@ -441,10 +515,21 @@ int main(int argc, char **argv)
         return 1;
     }
     scaler_service_attach(app.svc, app.st);
+    if (scaler_service_set_tenancy(app.svc, app.cfg.redis_key_prefix,
+                                   app.cfg.allowed_namespaces) != 0) {
+        LOG_ERROR("startup_failed", "error=\"out of memory\"");
+        app_free(&app);
+        return 1;
+    }
     size_t nmethods = 0;
     const struct grpc_method *methods = scaler_service_methods(app.svc, &nmethods);
     struct grpc_server_limits limits = {.max_connections = (size_t)app.cfg.max_connections};
     app.grpc = grpc_server_new(app.base, methods, nmethods, &limits);
+    if (app.grpc && setup_tls(&app, err, sizeof(err)) != 0) {
+        LOG_ERROR("startup_failed", "error=%s", log_quote(q1, sizeof(q1), err));
+        app_free(&app);
+        return 1;
+    }
     if (!app.grpc ||
         grpc_server_listen(app.grpc, grpc_host, grpc_port, &grpc_port, err, sizeof(err)) != 0 ||
         listen_http(&app, &http_port, err, sizeof(err)) != 0) {
@@ -492,9 +577,14 @@ int main(int argc, char **argv)
     event_active(app.prom_timer, EV_TIMEOUT, 0);
     app.last_gc_ms = clock_mono_ms();
 
-    char q1[600], q2[300];
-    LOG_INFO("listening", "grpc_port=%d http_port=%d prometheus=%s redis=%s query=%s", grpc_port,
-             http_port, log_quote(q2, sizeof(q2), app.cfg.prometheus_url), app.cfg.redis_url,
+    char q2[300];
+    /* tls= sits before query=: parsers read the query up to the end of the line. */
+    LOG_INFO("listening", "grpc_port=%d http_port=%d tls=%s prometheus=%s redis=%s query=%s",
+             grpc_port, http_port,
+             !app.tls ? "off" : app.cfg.tls_client_ca_file && app.cfg.tls_client_ca_file[0]
+                                    ? "mutual"
+                                    : "on",
+             log_quote(q2, sizeof(q2), app.cfg.prometheus_url), app.cfg.redis_url,
              log_quote(q1, sizeof(q1), app.cfg.token_rate_query));
     event_base_dispatch(app.base);
     LOG_INFO("stopped", "streams_left=%zu", scaler_service_stream_count(app.svc));

@@ -140,6 +140,32 @@ void metadata_spec_finish(struct scaler_spec *spec)
     memset(spec, 0, sizeof(*spec));
 }
 
+int metadata_check_key_prefix(const struct scaler_spec *spec, const char *key_prefix, char *err,
+                              size_t errlen)
+{
+    if (!key_prefix || !*key_prefix ||
+        strncmp(spec->redis_key, key_prefix, strlen(key_prefix)) == 0)
+        return 0;
+    snprintf(err, errlen,
+             "metadata key 'redisKey': must start with '%.64s' (the operator's "
+             "--redis-key-prefix)",
+             key_prefix);
+    return -1;
+}
+
+int metadata_spec_copy(struct scaler_spec *dst, const struct scaler_spec *src)
+{
+    *dst = *src;
+    dst->model = thaw_strdup(src->model);
+    dst->redis_key = thaw_strdup(src->redis_key);
+    dst->redis_stream_group = src->redis_stream_group ? thaw_strdup(src->redis_stream_group) : NULL;
+    if (!dst->model || !dst->redis_key || (src->redis_stream_group && !dst->redis_stream_group)) {
+        metadata_spec_finish(dst);
+        return -1;
+    }
+    return 0;
+}
+
 static int str_equal(const char *a, const char *b)
 {
     if (!a || !b)

@@ -35,6 +35,14 @@ int metadata_parse(const char *const *keys, const char *const *values, size_t n,
                    struct scaler_spec *spec, metadata_unknown_fn unknown, void *ud, char *err,
                    size_t errlen);
 void metadata_spec_finish(struct scaler_spec *spec);
+/* Deep copy into dst (caller storage). Returns 0, or -1 on OOM with dst empty. */
+int metadata_spec_copy(struct scaler_spec *dst, const struct scaler_spec *src);
+
+/* Tenant limits set by the operator: a ScaledObject's redisKey must start
+ * with key_prefix ("" allows any key). Returns 0, or -1 with err naming the
+ * key. The default key thaw:queue:<model> passes the default prefix. */
+int metadata_check_key_prefix(const struct scaler_spec *spec, const char *key_prefix, char *err,
+                              size_t errlen);
 
 /* True when both specs decide the same way (every field equal). */
 int metadata_spec_equal(const struct scaler_spec *a, const struct scaler_spec *b);

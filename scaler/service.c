@@ -46,6 +46,8 @@ struct scaler_service {
     struct grpc_method methods[M_COUNT];
     struct strmap *subs_by_model; /* model -> sub_list */
     struct strmap *unknown_keys;  /* logged once each */
+    char *redis_key_prefix;       /* "" = any key */
+    struct strmap *namespaces;    /* allow-list; NULL = all */
     size_t nstreams;
     bool serving;
     bool in_wake; /* pushes during a wake are done once, by the wake itself */
@@ -108,6 +110,13 @@ static struct target *resolve(struct scaler_service *svc, struct grpc_call *call
         grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "scaledObjectRef is required");
         return NULL;
     }
+    if (svc->namespaces && !strmap_get(svc->namespaces, ref->namespace_)) {
+        char msg[300];
+        snprintf(msg, sizeof(msg), "namespace '%.200s' is not allowed to use this scaler",
+                 ref->namespace_);
+        grpc_call_finish(call, GRPC_STATUS_PERMISSION_DENIED, msg);
+        return NULL;
+    }
     size_t n = ref->n_scalermetadata;
     /* KEDA sends a handful of keys: no allocation on the hot path for them. */
     const char *small_keys[32] = {0}, *small_values[32] = {0};
@@ -132,6 +141,10 @@ static struct target *resolve(struct scaler_service *svc, struct grpc_call *call
         thaw_free(keys);
     if (values != small_values)
         thaw_free(values);
+    if (rc == 0 && metadata_check_key_prefix(&spec, svc->redis_key_prefix, err, sizeof(err)) != 0) {
+        metadata_spec_finish(&spec);
+        rc = -1;
+    }
     if (rc != 0) {
         grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, err);
         return NULL;
@@ -457,6 +470,8 @@ void scaler_service_free(struct scaler_service *svc)
     }
     strmap_free(svc->subs_by_model);
     strmap_free(svc->unknown_keys);
+    strmap_free(svc->namespaces);
+    thaw_free(svc->redis_key_prefix);
     thaw_free(svc);
 }
 
@@ -466,6 +481,40 @@ const struct grpc_method *scaler_service_methods(struct scaler_service *svc, siz
 {
     *n = M_COUNT;
     return svc->methods;
+}
+
+int scaler_service_set_tenancy(struct scaler_service *svc, const char *redis_key_prefix,
+                               const char *namespaces)
+{
+    char *prefix = thaw_strdup(redis_key_prefix ? redis_key_prefix : "");
+    struct strmap *allow = NULL;
+    if (!prefix)
+        return -1;
+    if (namespaces && *namespaces) {
+        allow = strmap_new();
+        char *list = thaw_strdup(namespaces);
+        if (!allow || !list) {
+            strmap_free(allow);
+            thaw_free(list);
+            thaw_free(prefix);
+            return -1;
+        }
+        char *save = NULL;
+        for (char *tok = strtok_r(list, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+            if (strmap_put(allow, tok, svc) != 0) {
+                strmap_free(allow);
+                thaw_free(list);
+                thaw_free(prefix);
+                return -1;
+            }
+        }
+        thaw_free(list);
+    }
+    thaw_free(svc->redis_key_prefix);
+    strmap_free(svc->namespaces);
+    svc->redis_key_prefix = prefix;
+    svc->namespaces = allow;
+    return 0;
 }
 
 void scaler_service_set_serving(struct scaler_service *svc, bool serving)

@@ -36,6 +36,12 @@ void scaler_service_on_change(void *ud, struct target *t, const struct policy_de
 /* A wake message for model: pushes true on its open streams. */
 void scaler_service_wake(struct scaler_service *svc, const char *model);
 
+/* Operator limits on what tenants' ScaledObjects may ask for: redisKey must
+ * start with redis_key_prefix ("" = any); namespaces is a comma-separated
+ * allow-list ("" = all namespaces). Both are copied. Returns 0 or -1 (OOM). */
+int scaler_service_set_tenancy(struct scaler_service *svc, const char *redis_key_prefix,
+                               const char *namespaces);
+
 /* Health answers NOT_SERVING once this is false (during shutdown). */
 void scaler_service_set_serving(struct scaler_service *svc, bool serving);
 size_t scaler_service_stream_count(const struct scaler_service *svc);

@@ -220,11 +220,16 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
     t->change_direction = t->decision.direction;
     st->decision_changes++;
     t->model->decisions[t->decision.direction][t->decision.reason]++;
+    /* Tenant-written names may hold spaces or quotes: quote them so every
+     * line stays one parseable logfmt record. */
+    char qns[300], qname[300], qmodel[300];
     LOG_INFO("decision",
              "namespace=%s scaledobject=%s model=%s desired=%ld previous=%ld raw=%ld "
              "active=%s direction=%s reason=%s token_rate=%.3f queue=%.0f held=%.0f "
              "stale=%s",
-             t->ns, t->name, t->spec.model, t->decision.desired, had ? prev.desired : 0L,
+             log_quote(qns, sizeof(qns), t->ns), log_quote(qname, sizeof(qname), t->name),
+             log_quote(qmodel, sizeof(qmodel), t->spec.model), t->decision.desired,
+             had ? prev.desired : 0L,
              t->decision.raw, t->decision.active ? "true" : "false",
              policy_direction_to_str(t->decision.direction),
              policy_reason_to_str(t->decision.reason), in.token_rate, in.queue, in.held,
@@ -332,16 +337,8 @@ struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, cons
         /* The ScaledObject changed: swap the spec and the queue it reads. */
         struct queue_sig *q = queue_get(st, spec->redis_key, spec->redis_stream_group);
         struct scaler_spec copy;
-        char err[64];
-        const char *keys[] = {"model", "redisKey", "redisStreamGroup"};
-        const char *vals[] = {spec->model, spec->redis_key,
-                              spec->redis_stream_group ? spec->redis_stream_group : ""};
-        if (!q || metadata_parse(keys, vals, 3, &copy, NULL, NULL, err, sizeof(err)) != 0)
+        if (!q || metadata_spec_copy(&copy, spec) != 0)
             return NULL;
-        copy.target_tokens_per_second = spec->target_tokens_per_second;
-        copy.target_queue_length = spec->target_queue_length;
-        copy.activation_token_rate = spec->activation_token_rate;
-        copy.activation_queue_length = spec->activation_queue_length;
         metadata_spec_finish(&t->spec);
         t->spec = copy;
         t->queue->users--;
@@ -355,22 +352,13 @@ struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, cons
         return NULL;
     struct model_sig *m = model_get(st, spec->model);
     struct queue_sig *q = queue_get(st, spec->redis_key, spec->redis_stream_group);
-    const char *keys[] = {"model", "redisKey", "redisStreamGroup"};
-    const char *vals[] = {spec->model, spec->redis_key,
-                          spec->redis_stream_group ? spec->redis_stream_group : ""};
-    char err[64];
     t->id = thaw_strdup(id);
     t->ns = thaw_strdup(ns);
     t->name = thaw_strdup(name);
-    if (!m || !q || !t->id || !t->ns || !t->name ||
-        metadata_parse(keys, vals, 3, &t->spec, NULL, NULL, err, sizeof(err)) != 0) {
+    if (!m || !q || !t->id || !t->ns || !t->name || metadata_spec_copy(&t->spec, spec) != 0) {
         target_free(t);
         return NULL;
     }
-    t->spec.target_tokens_per_second = spec->target_tokens_per_second;
-    t->spec.target_queue_length = spec->target_queue_length;
-    t->spec.activation_token_rate = spec->activation_token_rate;
-    t->spec.activation_queue_length = spec->activation_queue_length;
     if (strmap_put(st->targets, id, t) != 0) {
         target_free(t);
         return NULL;
@@ -380,8 +368,11 @@ struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, cons
     t->queue = q;
     q->users++;
     model_link(m, t);
+    char qns[300], qname[300], qmodel[300], qkey[300];
     LOG_INFO("target_added", "namespace=%s scaledobject=%s model=%s redis_key=%s targets=%zu",
-             ns, name, spec->model, spec->redis_key, strmap_count(st->targets));
+             log_quote(qns, sizeof(qns), ns), log_quote(qname, sizeof(qname), name),
+             log_quote(qmodel, sizeof(qmodel), spec->model),
+             log_quote(qkey, sizeof(qkey), spec->redis_key), strmap_count(st->targets));
     decide(st, t, now_ms);
     return t;
 }
@@ -599,8 +590,10 @@ void scaler_state_gc(struct scaler_state *st, int64_t now_ms)
     }
     for (size_t i = 0; i < ndrop; i++) {
         struct target *t = drop[i];
-        LOG_INFO("target_expired", "namespace=%s scaledobject=%s model=%s", t->ns, t->name,
-                 t->spec.model);
+        char qns[300], qname[300], qmodel[300];
+        LOG_INFO("target_expired", "namespace=%s scaledobject=%s model=%s",
+                 log_quote(qns, sizeof(qns), t->ns), log_quote(qname, sizeof(qname), t->name),
+                 log_quote(qmodel, sizeof(qmodel), t->spec.model));
         strmap_remove(st->targets, t->id);
         t->queue->users--;
         model_unlink(t);
@@ -648,7 +641,8 @@ bool scaler_state_sources_ready(const struct scaler_state *st)
 void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *out,
                                 int64_t now_ms)
 {
-    char labels[1024];
+    /* Fits three escaped values of METADATA_MAX_VALUE bytes each. */
+    char labels[8 * METADATA_MAX_VALUE];
     size_t cur;
     const char *key;
     void *value;

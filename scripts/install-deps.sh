@@ -20,7 +20,7 @@ PACKAGES=(
   build-essential meson ninja-build pkg-config
   protobuf-c-compiler libprotobuf-c-dev
   libnghttp2-dev libevent-dev libjansson-dev libcmocka-dev
-  libcurl4-openssl-dev libhiredis-dev libssl-dev
+  libcurl4-openssl-dev libhiredis-dev libssl-dev openssl
   redis-server prometheus nghttp2-client wrk nginx-light valgrind
   curl ca-certificates jq
 )

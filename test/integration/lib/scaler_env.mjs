@@ -23,6 +23,9 @@ export const FAST_FLAGS = {
   'scale-down-stabilization-seconds': 0,
   'held-fresh-seconds': 5,
   'token-rate-query': FAST_QUERY,
+  // Signal tests use keys of every shape; scaler_tenancy.test.mjs tests the
+  // default prefix confinement on its own.
+  'redis-key-prefix': '',
 };
 
 /** An address nothing listens on (for a source the test does not want). */
