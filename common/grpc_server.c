@@ -84,6 +84,8 @@ struct grpc_server {
     size_t streams_open;
     int shutting_down;
     uint64_t connections_rejected;
+    uint64_t accept_pauses;       /* out of descriptors or memory: accepting paused */
+    struct event *accept_resume;  /* re-enables the listener after a pause */
     struct method_stats *stats; /* nmethods + 1, the last for unknown paths */
 };
 
@@ -651,6 +653,34 @@ static void accept_cb(struct evconnlistener *listener, evutil_socket_t fd, struc
 
 /* ---- server ----------------------------------------------------------- */
 
+#define ACCEPT_PAUSE_MS 500
+
+static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct grpc_server *srv = arg;
+    if (srv->listener && !srv->shutting_down)
+        evconnlistener_enable(srv->listener);
+}
+
+/* accept() failing with EMFILE leaves the connection pending, so the listener
+ * would fire again at once: a busy loop. Pause accepting instead (as nginx
+ * does) and log once per pause; the pending connections wait in the backlog. */
+static void accept_error_cb(struct evconnlistener *listener, void *arg)
+{
+    int err = EVUTIL_SOCKET_ERROR();
+    struct grpc_server *s = arg;
+    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        s->accept_pauses++;
+        LOG_WARN("accept_paused", "error=\"%s\" pause_ms=%d connections=%zu",
+                 evutil_socket_error_to_string(err), ACCEPT_PAUSE_MS, s->nconns);
+        evconnlistener_disable(listener);
+        struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+        evtimer_add(s->accept_resume, &tv);
+    } else {
+        LOG_DEBUG("accept_failed", "error=\"%s\"", evutil_socket_error_to_string(err));
+    }
+}
+
 struct grpc_server *grpc_server_new(struct event_base *base, const struct grpc_method *methods,
                                     size_t nmethods, const struct grpc_server_limits *limits)
 {
@@ -693,6 +723,8 @@ void grpc_server_free(struct grpc_server *srv)
         conn_free(srv->conns);
     if (srv->listener)
         evconnlistener_free(srv->listener);
+    if (srv->accept_resume)
+        event_free(srv->accept_resume);
     for (size_t i = 0; srv->stats && i <= srv->nmethods; i++)
         expo_histogram_finish(&srv->stats[i].latency);
     thaw_free(srv->stats);
@@ -725,7 +757,11 @@ int grpc_server_listen(struct grpc_server *srv, const char *host, int port, int 
     srv->listener = evconnlistener_new_bind(
         srv->base, accept_cb, srv, LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE | LEV_OPT_CLOSE_ON_EXEC,
         1024, (struct sockaddr *)&ss, sslen);
-    if (!srv->listener) {
+    if (srv->listener) {
+        srv->accept_resume = evtimer_new(srv->base, accept_resume_cb, srv);
+        evconnlistener_set_error_cb(srv->listener, accept_error_cb);
+    }
+    if (!srv->listener || !srv->accept_resume) {
         snprintf(err, errlen, "bind %s: %s", spec, strerror(errno));
         return -1;
     }
@@ -809,4 +845,8 @@ void grpc_server_write_metrics(const struct grpc_server *srv, struct evbuffer *o
     snprintf(name, sizeof(name), "%s_grpc_server_connections_rejected_total", prefix);
     expo_family(out, name, "counter", "Connections closed at accept (limit or shutdown).");
     expo_sample(out, name, NULL, (double)srv->connections_rejected);
+    snprintf(name, sizeof(name), "%s_grpc_server_accept_pauses_total", prefix);
+    expo_family(out, name, "counter",
+                "Times accepting paused because the process ran out of descriptors or memory.");
+    expo_sample(out, name, NULL, (double)srv->accept_pauses);
 }

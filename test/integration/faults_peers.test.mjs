@@ -1,0 +1,275 @@
+// Fault injection on the control path, with every real peer running: Redis,
+// Prometheus, thaw-scaler, thaw-activator and thaw-fake-vllm backends, and a
+// StreamIsActive consumer with KEDA's own retry loop (faults_lib.mjs).
+//
+//   1. Redis is killed (SIGKILL) and restarted empty on the same port while
+//      the activator holds requests for a cold model. Expected: holding and
+//      probing go on, new requests are still held, the held count reappears
+//      in Redis after the restart, the scaler reconnects (held count seen,
+//      the wake channel subscribed again: a new wake reaches its stream), and
+//      once the backend comes up every request is answered 200.
+//   2. thaw-scaler gets SIGTERM and is started again on the same port under
+//      an open StreamIsActive stream. Expected: the stream ends cleanly
+//      (status OK), the client retries on KEDA's schedule (2 s, then 4 s),
+//      reaches the new process, and a wake from a held request is pushed on
+//      the new stream.
+//   3. thaw-scaler out of file descriptors: it should
+//      neither spin nor flood its log, and serve again once some are free.
+// Each case ends with accepted = answered on the activator's /metrics.
+import { execFile } from 'node:child_process';
+import fs from 'node:fs';
+import net from 'node:net';
+import { after, before, test } from 'node:test';
+
+import {
+  complete, metricSum, request, startActivator, startFakeVllm, waitUntil,
+} from './activator_lib.mjs';
+import { accountedFor, assert, kedaPushClient, outcomeCounts, sleep, sseData, stablePort } from './faults_lib.mjs';
+import { startPrometheus, startRedis } from './lib/harness.mjs';
+import { getDesired, sampleValue, scaledObjectRef, startScaler } from './lib/scaler_env.mjs';
+
+let redis;
+let prom;
+let scaler;
+let grpcPort;
+let act;
+const backendPort = {};
+const MODELS = ['fp-a', 'fp-b', 'fp-c'];
+
+function modelCfg(name) {
+  return { name, backend: `http://127.0.0.1:${backendPort[name]}`, probeInitialMs: 20, probeMaxMs: 200,
+    holdTimeoutSeconds: 120 };
+}
+
+function launchScaler() {
+  return startScaler({
+    prometheusUrl: prom.url,
+    redisUrl: redis.url,
+    name: 'thaw-scaler',
+    // A fixed gRPC port: the restart case comes back on the same address.
+    flags: { listen: `127.0.0.1:${grpcPort}`, 'staleness-limit-seconds': 30, 'source-timeout-ms': 500 },
+  });
+}
+
+before(async () => {
+  [redis, prom] = await Promise.all([startRedis(), startPrometheus({ scrapeTargets: [] })]);
+  grpcPort = await stablePort();
+  for (const m of MODELS) backendPort[m] = await stablePort();
+  scaler = await launchScaler();
+  act = await startActivator({ models: MODELS.map(modelCfg) },
+    { redisUrl: redis.url, instanceId: 'act-faults', args: ['--redis-timeout-ms', '500'] });
+});
+
+after(async () => {
+  if (act) await act.stop();
+  if (scaler && scaler.proc.exitCode === null) {
+    const code = await scaler.stop();
+    assert.equal(code, 0, `thaw-scaler exit code; output:\n${scaler.proc.output().slice(-3000)}`);
+  }
+});
+
+const held = async (model) => (await act.model(model)).held;
+const heldInRedis = async (model) => {
+  const v = await redis.cli('HGET', `thaw:held:${model}`, 'act-faults');
+  return v ? Number(v.split(':')[0]) : null;
+};
+const numSub = async () => Number((await redis.cli('PUBSUB', 'NUMSUB', 'thaw:wake')).split('\n')[1]);
+
+/** A cold model's request, streaming or not; resolves to a summary. */
+function coldRequest(model, i) {
+  if (i % 2 === 0) return complete(act.port, model, { prompt: `p${i}`, timeoutMs: 60000 });
+  return request(act.port, {
+    path: '/v1/chat/completions', timeoutMs: 60000,
+    body: { model, stream: true, max_tokens: 3, messages: [{ role: 'user', content: `m${i}` }] },
+  });
+}
+
+function assertServed(results, what) {
+  for (const r of results) {
+    assert.equal(r.status, 200, `${what}: ${r.body.toString().slice(0, 300)}`);
+    assert.ok(Number(r.headers['x-thaw-cold-start-ms']) > 0, `${what}: held requests carry X-Thaw-Cold-Start-Ms`);
+    if (/event-stream/.test(r.headers['content-type'] ?? '')) {
+      assert.equal(sseData(r.body.toString()).at(-1), '[DONE]', `${what}: complete stream`);
+    } else {
+      assert.equal(JSON.parse(r.body).choices.length, 1, what);
+    }
+  }
+}
+
+test('Redis killed and restarted while requests are held: holding, probing and both reconnections', async (t) => {
+  const refA = scaledObjectRef('fp-so-a', { model: 'fp-a' });
+  const refB = scaledObjectRef('fp-so-b', { model: 'fp-b' });
+  await scaler.client.getMetricSpec(refA);
+  const kA = kedaPushClient(scaler.address, refA);
+  const kB = kedaPushClient(scaler.address, refB);
+  try {
+    await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_active_streams') === 2,
+      5000, { what: 'two StreamIsActive streams open' });
+    await waitUntil(async () => (await numSub()) >= 1, 5000, { what: 'the scaler subscribed to thaw:wake' });
+
+    // 20 requests held; the wake reaches the stream, the count reaches Redis.
+    const first = Array.from({ length: 20 }, (_, i) => coldRequest('fp-a', i));
+    await kA.waitPush((p) => p.result === true, 3000);
+    await waitUntil(async () => (await heldInRedis('fp-a')) === 20, 5000, { what: 'held 20 in Redis' });
+
+    // Redis dies.
+    const markS = scaler.proc.mark();
+    const markA = act.proc.mark();
+    await redis.kill();
+    await waitUntil(async () => metricSum(await act.metrics(), 'thaw_activator_redis_up') === 0, 5000,
+      { what: 'the activator sees Redis down' });
+    await scaler.proc.waitForLog(/event=redis_connection up=false/, 5000, { since: markS });
+
+    // Holding and probing go on without it; new requests are held too.
+    const probes = async () => metricSum(await act.metrics(), 'thaw_activator_probes_total', { model: 'fp-a' });
+    const p0 = await probes();
+    const second = Array.from({ length: 10 }, (_, i) => coldRequest('fp-a', 100 + i));
+    await waitUntil(async () => (await held('fp-a')) === 30, 5000, { what: '30 held with Redis down' });
+    await sleep(1500);
+    assert.equal((await act.model('fp-a')).state, 'waking');
+    assert.equal(await held('fp-a'), 30, 'nothing answered or dropped while Redis is down');
+    const p1 = await probes();
+    assert.ok(p1 - p0 >= 3, `probing continued: ${p1 - p0} probes in 1.5 s`);
+    assert.deepEqual(await outcomeCounts(act, 'fp-a'), {}, 'no request of fp-a ended yet');
+
+    // Redis back on the same port, empty.
+    const tUp = Date.now();
+    await redis.restart();
+    await waitUntil(async () => metricSum(await act.metrics(), 'thaw_activator_redis_up') === 1, 10000,
+      { what: 'the activator reconnected' });
+    await waitUntil(async () => (await heldInRedis('fp-a')) === 30, 5000, { what: 'held 30 back in Redis' });
+    const heldBackMs = Date.now() - tUp;
+    await act.proc.waitForLog(/event=redis_up/, 1000, { since: markA });
+    // The scaler: both connections back, the held count counted.
+    await scaler.proc.waitForLog(/event=redis_connection up=true/, 10000, { since: markS });
+    await waitUntil(async () => (await numSub()) >= 1, 10000, { what: 'the scaler subscribed to thaw:wake again' });
+    await waitUntil(async () => (await scaler.model('fp-so-a'))?.inputs.heldRequests === 30, 5000,
+      { what: 'the scaler reads held 30' });
+    assert.deepEqual(await scaler.client.isActive(refA), { result: true });
+    assert.ok((await getDesired(scaler.client, refA)).value >= 1);
+    assert.equal((await scaler.model('fp-so-a')).reason, 'held_requests');
+    t.diagnostic(`held count back in Redis ${heldBackMs} ms after the restart`);
+
+    // A wake after the restart travels activator -> Redis -> new subscription -> stream.
+    const sinceB = kB.pushes.length;
+    const tWake = Date.now();
+    const bReq = coldRequest('fp-b', 0);
+    await kB.waitPush((p) => p.result === true, 3000, { since: sinceB });
+    t.diagnostic(`wake after the restart pushed in ${Date.now() - tWake} ms`);
+    assert.equal(kA.attempts.length, 1, 'the stream survived the Redis outage');
+    assert.equal(kB.attempts.length, 1, 'the stream survived the Redis outage');
+
+    // The backends come up: every request is answered.
+    const fa = await startFakeVllm({ model: 'fp-a', port: backendPort['fp-a'], loadDelayMs: 300 });
+    const fb = await startFakeVllm({ model: 'fp-b', port: backendPort['fp-b'] });
+    assertServed(await Promise.all([...first, ...second]), 'fp-a');
+    assertServed([await bReq], 'fp-b');
+    await waitUntil(async () => (await redis.cli('HEXISTS', 'thaw:held:fp-a', 'act-faults')) === '0', 3000,
+      { what: 'the held field removed once nothing is held' });
+    const acc = await accountedFor(act);
+    assert.deepEqual(acc.outcomes, { ok: 31 }, 'every request answered 200');
+    const m = await act.metrics();
+    assert.equal(metricSum(m, 'thaw_activator_cold_starts_total', { model: 'fp-a' }), 1);
+    await fa.stop();
+    await fb.stop();
+  } finally {
+    await kA.stop();
+    await kB.stop();
+  }
+});
+
+test('thaw-scaler restarted under a KEDA StreamIsActive client: it reconnects and a wake reaches the new stream', async (t) => {
+  const ref = scaledObjectRef('fp-so-c', { model: 'fp-c' });
+  const k = kedaPushClient(scaler.address, ref);
+  let fc = null;
+  try {
+    await waitUntil(() => k.open() === 1, 5000, { what: 'stream open' });
+    await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_active_streams') === 1,
+      5000, { what: 'the scaler counts the stream' });
+
+    const tStop = Date.now();
+    const code = await scaler.stop('SIGTERM');
+    assert.equal(code, 0, `thaw-scaler exit after SIGTERM; output:\n${scaler.proc.output().slice(-2000)}`);
+    await waitUntil(() => k.attempts[0].code !== null, 3000, { what: 'the stream ended' });
+    assert.equal(k.attempts[0].code, 0, `a clean end (OK), got ${JSON.stringify(k.attempts[0])}`);
+
+    // Down for 3 s: KEDA's first retry (2 s after the clean end) finds nothing.
+    await sleep(Math.max(0, 3000 - (Date.now() - tStop)));
+    assert.ok(k.attempts.length >= 2, `a retry 2 s after the end: ${JSON.stringify(k.attempts)}`);
+    assert.notEqual(k.attempts[1].code, 0, 'the retry while down fails');
+    const gap1 = k.attempts[1].t - k.attempts[0].tEnd;
+    assert.ok(gap1 >= 1900 && gap1 < 2800, `first retry ${gap1} ms after the clean end (KEDA: 2 s)`);
+    const tStart = Date.now();
+    scaler = await launchScaler();
+    assert.equal(scaler.grpcPort, grpcPort);
+
+    // The next retry (4 s after the failed one) reaches the new process.
+    await waitUntil(() => k.open() === 1, 12000, { what: 'the stream reopened on the new scaler' });
+    const reopened = k.attempts.at(-1);
+    const gap2 = reopened.t - k.attempts.at(-2).tEnd;
+    t.diagnostic(`attempts: ${k.attempts.map((a) => `+${a.t - tStop} ms code=${a.code}`).join(', ')}; ` +
+      `reopened ${reopened.t - tStart} ms after the restart`);
+    assert.ok(gap2 >= 3800 && gap2 < 5000, `second retry ${gap2} ms after the first failure (KEDA: 4 s)`);
+    await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_active_streams') === 1,
+      5000, { what: 'the new scaler counts the stream' });
+    await waitUntil(async () => (await numSub()) >= 1, 5000, { what: 'the new scaler subscribed to thaw:wake' });
+
+    // A held request wakes the model through the new process.
+    const since = k.pushes.length;
+    const tReq = Date.now();
+    const pending = Array.from({ length: 4 }, (_, i) => coldRequest('fp-c', i));
+    const push = await k.waitPush((p) => p.result === true, 3000, { since });
+    assert.equal(push.attempt, k.attempts.length - 1, 'pushed on the new stream');
+    t.diagnostic(`wake pushed on the new stream ${push.t - tReq} ms after the request`);
+    fc = await startFakeVllm({ model: 'fp-c', port: backendPort['fp-c'], loadDelayMs: 200 });
+    assertServed(await Promise.all(pending), 'fp-c');
+    const acc = await accountedFor(act);
+    assert.equal(acc.outcomes.ok, acc.accepted, `only ok outcomes: ${JSON.stringify(acc)}`);
+  } finally {
+    await k.stop();
+    await fc?.stop();
+  }
+});
+
+/** CPU ticks (utime + stime, 1/100 s) used by pid so far. */
+function cpuTicks(pid) {
+  const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
+  const f = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return Number(f[11]) + Number(f[12]);
+}
+
+// accept() failing with EMFILE leaves the connection pending; without care
+// the loop would spin at full CPU and flood stderr. common/grpc_server.c
+// pauses accepting for 500 ms instead and logs once per pause.
+test('thaw-scaler out of file descriptors: no busy loop, no log flood; serves again once descriptors are free',
+  async (t) => {
+    const s = await startScaler({ prometheusUrl: prom.url, redisUrl: redis.url, name: 'thaw-scaler-fds' });
+    const socks = [];
+    try {
+      await s.client.waitForReady(5000);
+      const fds = fs.readdirSync(`/proc/${s.proc.pid}/fd`).length;
+      const err = await new Promise((resolve) => execFile('/usr/bin/prlimit',
+        ['--pid', String(s.proc.pid), `--nofile=${fds + 20}:${fds + 20}`], (e) => resolve(e)));
+      assert.ok(!err, `prlimit: ${err?.message}`);
+      const mark = s.proc.mark();
+      for (let i = 0; i < 60; i++) {
+        const c = net.connect({ port: s.grpcPort, host: '127.0.0.1' });
+        c.on('error', () => {});
+        socks.push(c);
+      }
+      await sleep(300);
+      const c0 = cpuTicks(s.proc.pid);
+      await sleep(2000);
+      const cpu = cpuTicks(s.proc.pid) - c0;
+      const lines = s.proc.lines.length - mark;
+      t.diagnostic(`at the limit: ${cpu * 10} ms CPU in 2 s, ${lines} log lines`);
+      for (const c of socks) c.destroy();
+      await sleep(300);
+      assert.ok((await s.client.healthCheck('', { deadlineMs: 5000 })).status === 'SERVING', 'serves again');
+      assert.ok(cpu <= 50, `${cpu * 10} ms of CPU in 2 s while out of descriptors`);
+      assert.ok(lines < 100, `${lines} log lines in 2.3 s while out of descriptors`);
+    } finally {
+      for (const c of socks) c.destroy();
+      await s.stop();
+    }
+  });
