@@ -68,6 +68,12 @@ static const struct field_def limit_fields[] = {
     {"maxIdlePerEndpoint", F_INT, LF(max_idle_per_endpoint), 0, 0, 100000, "64", false},
     {"retryAfterSeconds", F_INT, LF(retry_after_seconds), 0, 0, 86400, "5", false},
     {"bufferBytes", F_INT, LF(buffer_bytes), 0, 4096, 67108864, "262144", false},
+    {"sendTimeoutSeconds", F_SECONDS, LF(send_timeout_ms), 0, 0.01, 86400, "60", false},
+    {"lingeringTimeoutSeconds", F_SECONDS, LF(lingering_timeout_ms), 0, 0, 3600, "5", false},
+    {"lingeringTimeSeconds", F_SECONDS, LF(lingering_time_ms), 0, 0.01, 3600, "30", false},
+    {"lingeringMaxBytes", F_INT, LF(lingering_max_bytes), 0, 0, 1099511627776.0, "67108864",
+     false},
+    {"maxLingeringConnections", F_INT, LF(max_lingering), 0, 0, 1000000, "512", false},
 };
 
 #define NFIELDS(t) (sizeof(t) / sizeof((t)[0]))

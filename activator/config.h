@@ -60,6 +60,15 @@ struct limits_config {
     long max_idle_per_endpoint; /* pooled connections kept per endpoint */
     long retry_after_seconds;
     long buffer_bytes; /* per-direction buffering before backpressure */
+    long send_timeout_ms; /* a client that takes no response byte this long is closed */
+    /* Lingering close (nginx's lingering_*): after an early error response,
+     * input is read and discarded until the client closes, no data for
+     * lingering_timeout_ms (0: no lingering), lingering_time_ms in all, or
+     * lingering_max_bytes, by at most max_lingering connections at once. */
+    long lingering_timeout_ms;
+    long lingering_time_ms;
+    long lingering_max_bytes;
+    long max_lingering;
 };
 
 struct api_key_tier {

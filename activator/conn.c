@@ -30,6 +30,8 @@ struct conn {
     struct conn_flusher *fl;
     evutil_socket_t fd;
     struct event *rev, *wev, *tev, *pend;
+    struct event *sev; /* send timeout; created the first time output waits */
+    long send_ms;
     struct evbuffer *in, *out;
     conn_data_cb read_cb, write_cb;
     conn_event_cb event_cb;
@@ -42,6 +44,7 @@ struct conn {
     bool read_eof;    /* no more input will come */
     bool broken;      /* an error: no more I/O at all */
     bool dirty;       /* on the flusher's list */
+    bool sev_on;      /* the send timeout is armed */
     bool dead;        /* conn_free was called */
     int in_cb;        /* callbacks running on the stack */
     int pend_what, pend_err;
@@ -58,6 +61,8 @@ static void really_free(struct conn *c)
         event_free(c->tev);
     if (c->pend)
         event_free(c->pend);
+    if (c->sev)
+        event_free(c->sev);
     if (c->in)
         evbuffer_free(c->in);
     if (c->out)
@@ -122,12 +127,43 @@ static void fire_event(struct conn *c, int what, int err)
     c->in_cb--;
 }
 
+static void on_send_timeout(evutil_socket_t fd, short what, void *arg);
+
+static void send_timer_off(struct conn *c)
+{
+    if (c->sev_on) {
+        evtimer_del(c->sev);
+        c->sev_on = false;
+    }
+}
+
+/* After a write attempt: output left means the peer is not keeping up. The
+ * period restarts on progress only, so a stuck peer is timed from its last
+ * byte taken, whatever is added to the output meanwhile. */
+static void send_timer_update(struct conn *c, bool progress)
+{
+    if (c->send_ms <= 0 || evbuffer_get_length(c->out) == 0) {
+        send_timer_off(c);
+        return;
+    }
+    if (c->sev_on && !progress)
+        return;
+    /* Made only now: most connections never wait on their peer. Without
+     * memory there is no send timeout this time; the next write tries again. */
+    if (!c->sev && !(c->sev = evtimer_new(c->base, on_send_timeout, c)))
+        return;
+    struct timeval tv = {c->send_ms / 1000, (c->send_ms % 1000) * 1000};
+    if (evtimer_add(c->sev, &tv) == 0)
+        c->sev_on = true;
+}
+
 static void fail(struct conn *c, int err)
 {
     c->broken = true;
     unlink_dirty(c);
     update_read(c);
     update_write(c);
+    send_timer_off(c);
     fire_event(c, CONN_ERROR, err);
 }
 
@@ -151,6 +187,8 @@ static void do_write(struct conn *c)
     }
     update_write(c);
     size_t after = evbuffer_get_length(c->out);
+    if (c->send_ms > 0)
+        send_timer_update(c, after < before);
     if (after < before && after <= c->write_lo && c->write_cb && !c->dead) {
         c->in_cb++;
         c->write_cb(c, c->ud);
@@ -317,6 +355,18 @@ static void on_timeout(evutil_socket_t fd, short what, void *arg)
     maybe_free(c);
 }
 
+static void on_send_timeout(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct conn *c = arg;
+    c->sev_on = false;
+    c->in_cb++;
+    fire_event(c, CONN_SEND_TIMEOUT, ETIMEDOUT);
+    c->in_cb--;
+    maybe_free(c);
+}
+
 static void on_pending(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -439,6 +489,7 @@ void conn_free(struct conn *c)
         event_del(c->tev);
     if (c->pend)
         event_del(c->pend);
+    send_timer_off(c);
     evbuffer_remove_cb(c->out, out_changed, c);
     evbuffer_remove_cb(c->in, in_changed, c);
     close(c->fd);
@@ -490,6 +541,14 @@ void conn_set_timeout(struct conn *c, long ms)
         return;
     struct timeval tv = {ms / 1000, (ms % 1000) * 1000};
     evtimer_add(c->tev, &tv);
+}
+
+void conn_set_send_timeout(struct conn *c, long ms)
+{
+    c->send_ms = ms > 0 ? ms : 0;
+    send_timer_off(c);
+    if (c->send_ms > 0)
+        send_timer_update(c, true);
 }
 
 bool conn_read_full(const struct conn *c)

@@ -10,8 +10,9 @@
  *
  * Callbacks: read (new input), write (output drained to the low watermark
  * after having held more), event (CONN_CONNECTED, CONN_EOF, CONN_ERROR,
- * CONN_TIMEOUT). None is called from inside a conn_* function; conn_free may
- * be called from any callback (the memory goes once the callback returns). */
+ * CONN_TIMEOUT, CONN_SEND_TIMEOUT). None is called from inside a conn_*
+ * function; conn_free may be called from any callback (the memory goes once
+ * the callback returns). */
 #ifndef THAW_CONN_H
 #define THAW_CONN_H
 
@@ -31,6 +32,7 @@ enum {
     CONN_EOF = 1 << 1,
     CONN_ERROR = 1 << 2,
     CONN_TIMEOUT = 1 << 3,
+    CONN_SEND_TIMEOUT = 1 << 4, /* output waited, the peer took none of it */
 };
 
 typedef void (*conn_data_cb)(struct conn *c, void *ud);
@@ -65,6 +67,12 @@ void conn_enable_read(struct conn *c);
 void conn_disable_read(struct conn *c);
 /* One timer: CONN_TIMEOUT after ms (<= 0 cancels). */
 void conn_set_timeout(struct conn *c, long ms);
+/* Send timeout, like nginx's send_timeout: CONN_SEND_TIMEOUT once output has
+ * been waiting ms without the socket taking a byte of it. Measured between
+ * two writes that make progress, not over the whole output, so a slow reader
+ * that keeps reading is fine. Independent of conn_set_timeout's timer.
+ * 0 (the default) turns it off. */
+void conn_set_send_timeout(struct conn *c, long ms);
 
 /* True while reading is stopped because the input holds the high watermark
  * (no read event then, so no CONN_EOF either). */

@@ -106,7 +106,28 @@ struct client {
     bool in_head;
     bool closing;
     bool dead;
+    bool reset;     /* ends with a reset (SO_LINGER 0): never lingers */
+    bool linger;    /* closing lingeringly: input is read and discarded */
+    bool lingering; /* ... and the response is out, our side shut down */
+    bool linger_last; /* the timer waits for the rest of lingeringTime */
+    int64_t linger_until_ms;
+    uint64_t linger_bytes;
     struct req *req;
+};
+
+/* How a lingering close ended (or was refused: full). */
+enum linger_result {
+    LINGER_EOF,     /* the client closed: the clean end */
+    LINGER_TIMEOUT, /* nothing for lingeringTimeoutSeconds */
+    LINGER_TIME,    /* lingeringTimeSeconds in all */
+    LINGER_BYTES,   /* lingeringMaxBytes discarded */
+    LINGER_ERROR,   /* reset by the client, send timeout or drain deadline */
+    LINGER_FULL,    /* not lingered: maxLingeringConnections already were */
+};
+#define LINGER_RESULT_COUNT 6
+
+static const char *const linger_names[LINGER_RESULT_COUNT] = {
+    "eof", "timeout", "time", "bytes", "error", "full",
 };
 
 struct model_rt {
@@ -159,6 +180,8 @@ struct proxy {
     uint64_t accepted;
     uint64_t unrouted[PROXY_OUTCOME_COUNT];
     uint64_t connections;
+    size_t nlingering;
+    uint64_t linger_results[LINGER_RESULT_COUNT];
     bool freeing;
     struct conn_flusher *flusher;
     /* Parse results live only during one call on this one thread. */
@@ -171,7 +194,7 @@ static const char *const outcome_names[PROXY_OUTCOME_COUNT] = {
     "ok",           "bad_request",   "body_too_large", "headers_too_large", "header_timeout",
     "body_timeout", "model_not_found", "hold_full",    "shed",              "draining",
     "hold_timeout", "upstream_timeout", "bad_gateway", "aborted",           "client_closed",
-    "internal_error",
+    "internal_error", "send_timeout",
 };
 
 const char *proxy_outcome_to_str(enum proxy_outcome o)
@@ -181,7 +204,8 @@ const char *proxy_outcome_to_str(enum proxy_outcome o)
     return outcome_names[o];
 }
 
-static void client_close(struct client *cl);
+static void client_close(struct client *cl, bool linger);
+static void client_reset(struct client *cl);
 static void client_next(struct client *cl);
 static void client_process(struct client *cl);
 static void req_forward(struct req *r);
@@ -251,7 +275,7 @@ static void write_error(struct client *cl, int status, const char *code, const c
     struct evbuffer *out = conn_output(cl->c);
     struct evbuffer *body = evbuffer_new();
     if (!body) {
-        client_close(cl);
+        client_close(cl, false);
         return;
     }
     evbuffer_add_printf(body, "{\"error\":{\"message\":\"");
@@ -337,12 +361,13 @@ static void req_end(struct req *r, enum proxy_outcome o, bool close)
     struct client *cl = r->cl;
     struct model_rt *m = r->m;
     count_outcome(cl->px, m, o);
-    if (!r->body_done)
+    bool unread = !r->body_done;
+    if (unread)
         close = true; /* unread body bytes would be taken for the next request */
     cl->req = NULL;
     req_free(r);
     if (close || cl->px->draining)
-        client_close(cl);
+        client_close(cl, unread);
     else
         client_next(cl);
     /* A finished request may free capacity for one that waits. */
@@ -391,11 +416,8 @@ static void req_fail(struct req *r, int status, enum proxy_outcome o, const char
 static void req_cut(struct req *r, enum proxy_outcome o)
 {
     up_release(r, false);
-    if (!r->client_chunked && r->resp_body != HTTP1_BODY_LENGTH) {
-        struct linger lg = {.l_onoff = 1, .l_linger = 0};
-        if (setsockopt(conn_fd(r->cl->c), SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) < 0)
-            LOG_DEBUG("linger_failed", "client=%s err=\"%s\"", r->cl->ip, strerror(errno));
-    }
+    if (!r->client_chunked && r->resp_body != HTTP1_BODY_LENGTH)
+        client_reset(r->cl);
     req_end(r, o, true);
 }
 
@@ -1350,7 +1372,7 @@ static void fail_head(struct client *cl, int status, const char *code, const cha
     disarm_timer(cl);
     count_outcome(cl->px, NULL, outcome_for_status(status));
     write_error(cl, status, code, msg, true, false);
-    client_close(cl);
+    client_close(cl, true); /* the rest of the head, or a body, may be on its way */
 }
 
 /* Tries to read a request head. Returns 1 when a request was created, 0
@@ -1414,14 +1436,15 @@ static int try_head(struct client *cl)
 
 /* ---- clients ---- */
 
-/* The client left (or is being cut): its request, if any, ends now. */
-static void client_drop_req(struct client *cl)
+/* The client left (or is being cut): its request, if any, ends now with
+ * outcome o. */
+static void client_drop_req(struct client *cl, enum proxy_outcome o)
 {
     struct proxy *px = cl->px;
     if (cl->req) {
         struct req *r = cl->req;
         cl->req = NULL;
-        count_outcome(px, r->m, OUT_CLIENT_CLOSED);
+        count_outcome(px, r->m, o);
         struct model_rt *m = r->m;
         bool held = r->state == RS_HELD;
         req_free(r);
@@ -1431,14 +1454,28 @@ static void client_drop_req(struct client *cl)
             publish_held(m); /* the last held request left: the HDEL need not wait */
     } else if (cl->in_head) {
         cl->in_head = false;
-        count_outcome(px, NULL, OUT_CLIENT_CLOSED);
+        count_outcome(px, NULL, o);
     }
+}
+
+/* The lingering close of cl is over (result why); the caller closes. */
+static void linger_done(struct client *cl, enum linger_result why)
+{
+    if (!cl->linger)
+        return;
+    struct proxy *px = cl->px;
+    cl->linger = false;
+    px->nlingering--;
+    px->linger_results[why]++;
+    LOG_DEBUG("lingering_close", "client=%s result=%s discarded=%llu", cl->ip, linger_names[why],
+              (unsigned long long)cl->linger_bytes);
 }
 
 static void client_destroy(struct client *cl)
 {
     struct proxy *px = cl->px;
-    client_drop_req(cl);
+    client_drop_req(cl, OUT_CLIENT_CLOSED);
+    linger_done(cl, LINGER_ERROR);
     if (cl->prev)
         cl->prev->next = cl->next;
     else
@@ -1461,23 +1498,125 @@ static void client_kill(struct client *cl)
     if (cl->dead)
         return;
     cl->dead = true;
-    client_drop_req(cl);
+    client_drop_req(cl, OUT_CLIENT_CLOSED);
+    linger_done(cl, LINGER_ERROR);
     disarm_timer(cl);
     conn_disable_read(cl->c);
     event_active(cl->kick, EV_TIMEOUT, 1);
 }
 
-/* Flushes what was written, then closes. */
-static void client_close(struct client *cl)
+static void linger_end(struct client *cl, enum linger_result why)
+{
+    linger_done(cl, why);
+    client_kill(cl);
+}
+
+/* Lingering: the next wait is lingeringTimeout, or what is left of
+ * lingeringTime if less. */
+static void linger_rearm(struct client *cl)
+{
+    long timeout = cl->px->cfg->limits.lingering_timeout_ms;
+    int64_t left = cl->linger_until_ms - now_ms();
+    if (left <= 0) {
+        linger_end(cl, LINGER_TIME);
+        return;
+    }
+    /* Remembered rather than read off the clock when the timer fires:
+     * libevent dates timers from its loop's cached time, so they may fire
+     * a few ms before the deadline as now_ms() sees it. */
+    cl->linger_last = left <= timeout;
+    arm_timer(cl, cl->linger_last ? (long)left : timeout);
+}
+
+/* Throws away what the client sent since. */
+static void linger_discard(struct client *cl)
+{
+    struct evbuffer *in = conn_input(cl->c);
+    size_t n = evbuffer_get_length(in);
+    if (n == 0)
+        return;
+    evbuffer_drain(in, n);
+    cl->linger_bytes += n;
+    if (cl->linger_bytes > (uint64_t)cl->px->cfg->limits.lingering_max_bytes)
+        linger_end(cl, LINGER_BYTES);
+    else if (cl->lingering)
+        linger_rearm(cl);
+}
+
+/* The response is out: our FIN follows it, and the close waits for the
+ * client's, so that no unread input is left when we close. */
+static void linger_start(struct client *cl)
+{
+    if (cl->lingering)
+        return;
+    cl->lingering = true;
+    if (shutdown(conn_fd(cl->c), SHUT_WR) < 0) {
+        linger_end(cl, LINGER_ERROR); /* ENOTCONN: the client is gone already */
+        return;
+    }
+    linger_rearm(cl);
+}
+
+/* Flushes what was written, then closes. With linger (request bytes may still
+ * be on their way, as after an early 413/408/400), the close is lingering,
+ * like nginx's lingering_close: input is read and discarded meanwhile, then
+ * our side is shut down and the close waits for the client's. Closing with
+ * unread input would make the kernel send a reset, which may destroy the
+ * response before the client reads it. */
+static void client_close(struct client *cl, bool linger)
 {
     if (cl->closing || cl->dead)
         return;
+    struct proxy *px = cl->px;
+    const struct limits_config *lim = &px->cfg->limits;
     cl->closing = true;
     disarm_timer(cl);
-    conn_disable_read(cl->c);
     conn_set_write_low(cl->c, 0);
-    if (evbuffer_get_length(conn_output(cl->c)) == 0)
-        client_kill(cl);
+    linger = (linger || evbuffer_get_length(conn_input(cl->c)) > 0) && !cl->reset &&
+             lim->lingering_timeout_ms > 0 && !px->drain_deadline_passed;
+    if (linger && px->nlingering >= (size_t)lim->max_lingering) {
+        px->linger_results[LINGER_FULL]++;
+        linger = false;
+    }
+    if (!linger) {
+        conn_disable_read(cl->c);
+        if (evbuffer_get_length(conn_output(cl->c)) == 0)
+            client_kill(cl);
+        return;
+    }
+    cl->linger = true;
+    px->nlingering++;
+    cl->linger_until_ms = now_ms() + lim->lingering_time_ms;
+    cl->linger_last = true;
+    arm_timer(cl, lim->lingering_time_ms);
+    conn_enable_read(cl->c);
+    linger_discard(cl);
+    if (cl->linger && evbuffer_get_length(conn_output(cl->c)) == 0)
+        linger_start(cl);
+}
+
+/* Sets the connection to end with a reset rather than a FIN. */
+static void client_reset(struct client *cl)
+{
+    struct linger lg = {.l_onoff = 1, .l_linger = 0};
+    cl->reset = true;
+    if (setsockopt(conn_fd(cl->c), SOL_SOCKET, SO_LINGER, &lg, sizeof(lg)) < 0)
+        LOG_DEBUG("linger_failed", "client=%s err=\"%s\"", cl->ip, strerror(errno));
+}
+
+/* The client took no response byte for sendTimeoutSeconds. Its request ends
+ * (the upstream connection is closed with it) and the connection is reset:
+ * the client is not reading, and the kernel frees what it still buffers for
+ * it at once instead of retrying into a zero window. */
+static void client_send_timeout(struct client *cl)
+{
+    struct req *r = cl->req;
+    LOG_INFO("send_timeout", "client=%s model=%s unsent=%zu timeout_ms=%ld", cl->ip,
+             r && r->m ? r->m->name : "-", evbuffer_get_length(conn_output(cl->c)),
+             cl->px->cfg->limits.send_timeout_ms);
+    client_reset(cl);
+    client_drop_req(cl, OUT_SEND_TIMEOUT);
+    client_kill(cl);
 }
 
 /* Ready for the next request on a kept-alive connection. */
@@ -1534,14 +1673,22 @@ static void client_kick_cb(evutil_socket_t fd, short what, void *arg)
 static void client_read_cb(struct conn *c, void *arg)
 {
     (void)c;
-    client_process(arg);
+    struct client *cl = arg;
+    if (cl->linger)
+        linger_discard(cl);
+    else
+        client_process(cl);
 }
 
 static void client_write_cb(struct conn *c, void *arg)
 {
     struct client *cl = arg;
     if (cl->closing) {
-        if (evbuffer_get_length(conn_output(c)) == 0)
+        if (evbuffer_get_length(conn_output(c)) > 0)
+            return;
+        if (cl->linger)
+            linger_start(cl);
+        else
             client_kill(cl);
         return;
     }
@@ -1556,9 +1703,26 @@ static void client_write_cb(struct conn *c, void *arg)
 
 static void client_event_cb(struct conn *c, int what, int err, void *arg)
 {
-    (void)c;
     (void)err;
     struct client *cl = arg;
+    if (cl->dead)
+        return; /* killed earlier in this loop turn; freed from its kick */
+    if (what & CONN_SEND_TIMEOUT) {
+        client_send_timeout(cl);
+        return;
+    }
+    if (cl->linger) {
+        if ((what & CONN_EOF) && evbuffer_get_length(conn_output(c)) > 0) {
+            /* The client is done sending but the response is still going
+             * out: nothing is left to discard, so an ordinary close follows
+             * the flush. */
+            linger_done(cl, LINGER_EOF);
+            disarm_timer(cl);
+            return;
+        }
+        linger_end(cl, (what & CONN_EOF) ? LINGER_EOF : LINGER_ERROR);
+        return;
+    }
     if (cl->req)
         LOG_DEBUG("client_gone", "client=%s what=0x%x", cl->ip, what);
     client_kill(cl);
@@ -1569,8 +1733,15 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct client *cl = arg;
-    if (cl->closing || cl->dead)
+    if (cl->dead)
         return;
+    if (cl->closing) {
+        /* Armed only while lingering: before the response is out it
+         * measures lingeringTime, after it the next wait. */
+        if (cl->linger)
+            linger_end(cl, cl->linger_last ? LINGER_TIME : LINGER_TIMEOUT);
+        return;
+    }
     if (cl->in_head) {
         fail_head(cl, 408, "request_timeout", "the request head did not arrive in time");
         return;
@@ -1632,6 +1803,7 @@ static void accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct soc
     conn_setcb(cl->c, client_read_cb, client_write_cb, client_event_cb, cl);
     conn_set_read_high(cl->c, hi);
     conn_set_write_low(cl->c, (size_t)lim->buffer_bytes / 2);
+    conn_set_send_timeout(cl->c, lim->send_timeout_ms);
     conn_enable_read(cl->c);
     arm_timer(cl, lim->idle_timeout_ms);
 }
@@ -2000,8 +2172,10 @@ static void drain_deadline_cb(evutil_socket_t fd, short what, void *arg)
             req_fail(r, 503, OUT_DRAINING, "draining", "the activator is shutting down");
         else if (r)
             req_cut(r, OUT_ABORTED); /* mid-response: nothing clean left to send */
+        else if (cl->linger)
+            linger_end(cl, LINGER_ERROR);
         else
-            client_close(cl);
+            client_close(cl, false);
     }
     check_drained(px);
 }
@@ -2027,7 +2201,7 @@ void proxy_drain(struct proxy *px, void (*done)(void *ud), void *ud)
     }
     for (struct client *cl = px->clients; cl; cl = cl->next) {
         if (!cl->req && !cl->in_head)
-            client_close(cl);
+            client_close(cl, false);
     }
     px->drain_timer = evtimer_new(px->base, drain_deadline_cb, px);
     if (px->drain_timer) {
@@ -2056,6 +2230,7 @@ void proxy_get_totals(const struct proxy *px, struct proxy_totals *out)
     out->accepted = px->accepted;
     out->connections = px->connections;
     out->open_connections = px->nclients;
+    out->lingering_connections = px->nlingering;
     for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
         out->outcomes[o] = px->unrouted[o];
     for (size_t i = 0; i < px->nmodels; i++) {
@@ -2255,6 +2430,17 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
     expo_sample(out, "thaw_activator_connections_total", NULL, (double)t.connections);
     expo_family(out, "thaw_activator_open_connections", "gauge", "Client connections open.");
     expo_sample(out, "thaw_activator_open_connections", NULL, (double)t.open_connections);
+    expo_family(out, "thaw_activator_lingering_connections", "gauge",
+                "Client connections in a lingering close (counted in open connections too).");
+    expo_sample(out, "thaw_activator_lingering_connections", NULL,
+                (double)t.lingering_connections);
+    expo_family(out, "thaw_activator_lingering_closes_total", "counter",
+                "Lingering closes by result (full: refused, maxLingeringConnections reached).");
+    for (int i = 0; i < LINGER_RESULT_COUNT; i++) {
+        if (expo_labels(labels, sizeof(labels), "result", linger_names[i], NULL) >= 0)
+            expo_sample(out, "thaw_activator_lingering_closes_total", labels,
+                        (double)px->linger_results[i]);
+    }
     expo_family(out, "thaw_activator_draining", "gauge", "1 while shutting down.");
     expo_sample(out, "thaw_activator_draining", NULL, px->draining ? 1 : 0);
     struct redis_link_stats rs;

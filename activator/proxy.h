@@ -44,8 +44,9 @@ enum proxy_outcome {
     OUT_ABORTED,           /* response cut short (backend or drain deadline) */
     OUT_CLIENT_CLOSED,     /* the client left before its answer */
     OUT_INTERNAL,          /* 500: out of memory or similar */
+    OUT_SEND_TIMEOUT,      /* cut: the client took no response byte for sendTimeoutSeconds */
 };
-#define PROXY_OUTCOME_COUNT 16
+#define PROXY_OUTCOME_COUNT 17
 
 const char *proxy_outcome_to_str(enum proxy_outcome o);
 
@@ -95,6 +96,7 @@ struct proxy_totals {
     uint64_t outcomes[PROXY_OUTCOME_COUNT];
     uint64_t connections;
     size_t open_connections;
+    size_t lingering_connections; /* closing, waiting for the client's FIN */
     size_t held;
     size_t inflight;
 };

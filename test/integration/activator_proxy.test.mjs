@@ -1,12 +1,16 @@
-// thaw-activator warm path: routing, header handling, body streaming, limits,
-// keep-alive and pipelining, SSE token-by-token, metrics. Backends: a real
-// thaw-fake-vllm and an in-process echo server (to see what arrives).
+// thaw-activator warm path: routing, header handling, body streaming, limits
+// (with the lingering close that keeps early error answers from being lost),
+// keep-alive and pipelining, SSE token-by-token, the send timeout for a client
+// that stops reading, metrics. Backends: a real thaw-fake-vllm and an
+// in-process echo server (to see what arrives).
+import fs from 'node:fs';
 import http from 'node:http';
+import net from 'node:net';
 import { after, before, test } from 'node:test';
 
 import {
   assert, assertAccounted, complete, metricSum, promtoolCheck, rawBody, rawExchange, request,
-  sleep, startActivator, startFakeVllm, statusCodes,
+  sleep, startActivator, startFakeVllm, statusCodes, waitUntil,
 } from './activator_lib.mjs';
 
 let echo;           // {server, port, connections, requests}
@@ -29,6 +33,23 @@ function startEcho() {
         if (req.url === '/flaky' && req.socket.served > 1) {
           e.dropped = (e.dropped ?? 0) + 1;
           req.socket.destroy();
+          return;
+        }
+        if (req.url === '/sse-forever') {
+          // A token stream that never ends, written as fast as the reader
+          // takes it; notes when its connection goes.
+          const ev = Buffer.from(`data: ${'t'.repeat(200)}\n\n`.repeat(64));
+          e.sse = { bytes: 0, closedAt: 0 };
+          const st = e.sse;
+          res.writeHead(200, { 'content-type': 'text/event-stream' });
+          res.on('close', () => { st.closedAt = Date.now(); });
+          const pump = () => {
+            while (!res.destroyed) {
+              st.bytes += ev.length;
+              if (!res.write(ev)) { res.once('drain', pump); return; }
+            }
+          };
+          pump();
           return;
         }
         if (req.url.startsWith('/big/')) {
@@ -247,6 +268,38 @@ test('a pooled connection the backend dropped is retried on a fresh one, invisib
   assert.equal(metricSum(after_, 'thaw_activator_endpoints', { model: 'echo', health: 'healthy' }), 1);
 });
 
+/**
+ * startActivator, again if the port freePort() chose was taken before the
+ * activator could bind it (other tests on the machine make connections too).
+ */
+async function startActivatorRetry(config) {
+  for (let i = 0; ; i++) {
+    try {
+      return await startActivator(config);
+    } catch (e) {
+      if (i === 2 || !/Address already in use/.test(String(e.message))) throw e;
+    }
+  }
+}
+
+/**
+ * Writes data in one go, as a client that sends its whole request before
+ * reading would, and keeps writing whatever happens; collects the answer
+ * until the activator closes. Resolves {text, err}.
+ */
+function blast(port, data) {
+  return new Promise((resolve) => {
+    const s = net.connect(port, '127.0.0.1');
+    const bufs = [];
+    let err = null;
+    const timer = setTimeout(() => s.destroy(), 20000);
+    s.on('data', (d) => bufs.push(d));
+    s.on('error', (e) => { err = e.code; });
+    s.on('close', () => { clearTimeout(timer); resolve({ text: Buffer.concat(bufs).toString('latin1'), err }); });
+    s.on('connect', () => s.write(data));
+  });
+}
+
 test('limits: 431, 413, 400, 408, each explicit and counted', async () => {
   const before = await act.metrics();
   const bigHead = `GET / HTTP/1.1\r\nHost: echo.local\r\nX-Big: ${'a'.repeat(5000)}\r\n\r\n`;
@@ -270,6 +323,31 @@ test('limits: 431, 413, 400, 408, each explicit and counted', async () => {
   assert.deepEqual(statusCodes(c.text), [413], c.text.slice(0, 200));
   assert.ok(c.closed);
 
+  // Several MB sent at once past the limit, by Content-Length (refused at the
+  // head) and chunked (refused while streaming, after routing): the answer
+  // still arrives, because the activator reads and discards the rest before
+  // closing instead of resetting the connection under the client's writes.
+  const huge = Buffer.alloc(6 * 1024 * 1024, 'w');
+  const byLength = await blast(act.port, Buffer.concat([Buffer.from(
+    `POST /v1/completions HTTP/1.1\r\nHost: echo.local\r\nContent-Length: ${huge.length}\r\n\r\n`), huge]));
+  assert.deepEqual(statusCodes(byLength.text), [413], `${byLength.err} ${byLength.text.slice(0, 200)}`);
+  assert.equal(JSON.parse(rawBody(byLength.text)).error.code, 'request_too_large');
+  const hugeChunked = Buffer.concat([
+    Buffer.from('POST /v1/completions HTTP/1.1\r\nHost: echo.local\r\nTransfer-Encoding: chunked\r\n\r\n'),
+    ...Array.from({ length: 96 }, () => Buffer.from(`10000\r\n${'v'.repeat(65536)}\r\n`)),
+    Buffer.from('0\r\n\r\n')]);
+  const streamed = await blast(act.port, hugeChunked);
+  assert.deepEqual(statusCodes(streamed.text), [413], `${streamed.err} ${streamed.text.slice(0, 200)}`);
+  // A bad chunk after the routed start of a large body (found while
+  // streaming upstream): 400, read too.
+  const start = `{"model":"echo-x","prompt":"${'u'.repeat(2000)}`;
+  const badChunk = Buffer.concat([
+    Buffer.from('POST /v1/completions HTTP/1.1\r\nHost: echo.local\r\nTransfer-Encoding: chunked\r\n\r\n'),
+    Buffer.from(`${start.length.toString(16)}\r\n${start}\r\nzz\r\n`), huge]);
+  const bad = await blast(act.port, badChunk);
+  assert.deepEqual(statusCodes(bad.text), [400], `${bad.err} ${bad.text.slice(0, 200)}`);
+  assert.equal(JSON.parse(rawBody(bad.text)).error.message, 'malformed chunked body');
+
   const d = await rawExchange(act.port, 'GET / HTTP/1.1\r\nHost: a\r\nBad Header: x\r\n\r\n');
   assert.deepEqual(statusCodes(d.text), [400]);
   const e = await rawExchange(act.port, 'GET / HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n');
@@ -286,9 +364,17 @@ test('limits: 431, 413, 400, 408, each explicit and counted', async () => {
   const delta = (o) => metricSum(after_, 'thaw_activator_requests_total', { outcome: o }) -
     metricSum(before, 'thaw_activator_requests_total', { outcome: o });
   assert.equal(delta('headers_too_large'), 2);
-  assert.ok(delta('body_too_large') >= 1);
-  assert.ok(delta('bad_request') >= 2);
+  assert.ok(delta('body_too_large') >= 3);
+  assert.ok(delta('bad_request') >= 3);
   assert.equal(delta('header_timeout'), 1);
+  // Those closes lingered and ended with the client's own close.
+  const lingered = (m, r) => metricSum(m, 'thaw_activator_lingering_closes_total', { result: r });
+  await waitUntil(async () => metricSum(await act.metrics(), 'thaw_activator_lingering_connections') === 0,
+    8000, { what: 'no lingering connection left' });
+  const end = await act.metrics();
+  assert.ok(lingered(end, 'eof') - lingered(before, 'eof') >= 6,
+    `lingering closes ended by eof: ${lingered(end, 'eof') - lingered(before, 'eof')}`);
+  assert.equal(lingered(end, 'full') - lingered(before, 'full'), 0);
 });
 
 test('an idle keep-alive connection is closed after idleTimeoutSeconds; a silent one too', async () => {
@@ -318,6 +404,151 @@ test('SSE: tokens reach the client one by one, as they are produced', async () =
   const gaps = r.chunkTimes.slice(1).map((t, i) => t - r.chunkTimes[i]);
   const spaced = gaps.filter((g) => g >= 25).length;
   assert.ok(spaced >= 8, `gaps: ${gaps.join(',')}`);
+});
+
+test('lingering close is bounded: lingeringTimeout, lingeringTime, lingeringMaxBytes, maxLingeringConnections', async () => {
+  const a3 = await startActivatorRetry({
+    limits: { maxBodyBytes: 1000, lingeringTimeoutSeconds: 1, lingeringTimeSeconds: 2.5,
+      lingeringMaxBytes: 1024 * 1024, maxLingeringConnections: 2 },
+    models: [{ name: 'echo', backend: `http://127.0.0.1:${echo.port}`, hosts: ['echo.local'] }],
+  });
+  const tooBig = 'POST /v1/completions HTTP/1.1\r\nHost: echo.local\r\nContent-Length: 100000000\r\n\r\n';
+  const results = async () => {
+    const m = await a3.metrics();
+    return Object.fromEntries(['eof', 'timeout', 'time', 'bytes', 'error', 'full'].map(
+      (r) => [r, metricSum(m, 'thaw_activator_lingering_closes_total', { result: r })]));
+  };
+  // A client that keeps its side open (half-open allowed: it does not answer
+  // our FIN with its own) and does what `then` says after the head.
+  const clients = [];
+  const client = (then) => {
+    const s = net.connect({ port: a3.port, host: '127.0.0.1', allowHalfOpen: true });
+    const r = { text: '', fin: 0, t0: Date.now(), s };
+    s.on('data', (d) => { r.text += d.toString('latin1'); });
+    s.on('end', () => { r.fin = Date.now(); });
+    s.on('error', () => {});
+    s.on('connect', () => { s.write(tooBig); then(s); });
+    clients.push(r);
+    return r;
+  };
+  const lingering = async () => metricSum(await a3.metrics(), 'thaw_activator_lingering_connections');
+  // waitUntil on the results, saying what they were if it times out.
+  const waitResults = (pred, ms, what) => waitUntil(async () => pred(await results()), ms, { what })
+    .catch(async (e) => { throw new Error(`${e.message}; lingering closes: ${JSON.stringify(await results())}`); });
+  let trickle = null;
+  try {
+    // Sends nothing more and never closes: closed lingeringTimeout after our FIN.
+    const quiet = client(() => {});
+    await waitResults((r) => r.timeout === 1, 5000, 'lingering timeout');
+    assert.deepEqual(statusCodes(quiet.text), [413]);
+    assert.ok(quiet.fin > 0, 'the answer is followed by our FIN');
+
+    // Keeps trickling bytes (every 100 ms, well within the 1 s lingering
+    // timeout even on a busy machine): each restarts the timeout, and
+    // lingeringTime ends it.
+    const slow = client((sock) => {
+      trickle = setInterval(() => { if (!sock.destroyed) sock.write('x'.repeat(10)); }, 100);
+    });
+    await waitResults((r) => r.time === 1, 8000, 'lingering time');
+    clearInterval(trickle);
+    assert.deepEqual(statusCodes(slow.text), [413]);
+    assert.ok(Date.now() - slow.t0 >= 2400, `lingered ${Date.now() - slow.t0} ms with data coming`);
+
+    // Floods: lingeringMaxBytes ends it.
+    client((sock) => { sock.write(Buffer.alloc(4 * 1024 * 1024, 'f')); });
+    await waitResults((r) => r.bytes === 1, 5000, 'lingering byte cap');
+
+    // Two linger at once; a third close does not linger (counted full) and
+    // is an ordinary close: the answer, then our FIN.
+    await waitUntil(async () => (await lingering()) === 0, 3000, { what: 'none lingering' });
+    client(() => {});
+    await waitUntil(async () => (await lingering()) === 1, 3000, { what: '1 lingering' });
+    client(() => {});
+    await waitUntil(async () => (await lingering()) === 2, 3000, { what: '2 lingering' });
+    const third = client(() => {});
+    await waitResults((r) => r.full === 1 && third.fin > 0, 3000, 'third refused');
+    assert.deepEqual(statusCodes(third.text), [413]);
+    await waitUntil(async () => (await lingering()) === 0, 5000, { what: 'none lingering' });
+    const end = await results();
+    assert.equal(end.timeout, 3); // the quiet client and the two held ones
+    assert.equal(end.eof, 0);
+    await assertAccounted(a3);
+  } finally {
+    clearInterval(trickle);
+    for (const c of clients) c.s.destroy();
+    await a3.stop();
+  }
+});
+
+/** Resident and peak resident memory of a process, in bytes. */
+function memOf(pid) {
+  const st = fs.readFileSync(`/proc/${pid}/status`, 'utf8');
+  const kb = (k) => Number(new RegExp(`${k}:\\s+(\\d+) kB`).exec(st)[1]) * 1024;
+  return { rss: kb('VmRSS'), hwm: kb('VmHWM') };
+}
+
+test('send timeout: a client that stops reading a long SSE stream is cut after sendTimeoutSeconds, with its upstream; counted; memory bounded', async (t) => {
+  const SEND_MS = 1000;
+  const a2 = await startActivatorRetry({
+    limits: { sendTimeoutSeconds: SEND_MS / 1000, bufferBytes: 65536 },
+    models: [{ name: 'echo', backend: `http://127.0.0.1:${echo.port}`, hosts: ['echo.local'],
+      probeInitialMs: 5, probeMaxMs: 20 }],
+  });
+  try {
+    const mem0 = memOf(a2.proc.pid);
+    const s = net.connect(a2.port, '127.0.0.1');
+    const bufs = [];
+    let ended = false;
+    let tPause = 0;
+    s.on('data', (d) => {
+      bufs.push(d);
+      // Reads the head and stops: the buffers on the way fill (milliseconds
+      // on loopback), then nothing moves.
+      if (!tPause && Buffer.concat(bufs).includes('\r\n\r\n')) {
+        s.pause();
+        tPause = Date.now();
+      }
+    });
+    s.on('error', () => { ended = true; });
+    s.on('close', () => { ended = true; });
+    s.write('GET /sse-forever HTTP/1.1\r\nHost: echo.local\r\n\r\n');
+    await waitUntil(() => tPause > 0, 10000, { what: 'response head' });
+    assert.match(Buffer.concat(bufs).toString('latin1'), /^HTTP\/1\.1 200 OK\r\n[^]*text\/event-stream/);
+    await waitUntil(() => echo.sse?.closedAt > 0, SEND_MS + 15000, { what: 'upstream connection closed' });
+    // About the timeout after the client's last read, not long after. The
+    // activator's last write can precede that read a little (the first read
+    // may come once the buffers are already full, and a socket is writable
+    // again only when a good part of its buffer is free), hence the margin;
+    // test_activator_conn measures the timer itself.
+    const cutAfter = echo.sse.closedAt - tPause;
+    assert.ok(cutAfter >= SEND_MS * 0.8, `cut ${cutAfter} ms after the client stopped reading`);
+    assert.ok(cutAfter < SEND_MS + 10000, `cut ${cutAfter} ms after the client stopped reading`);
+    t.diagnostic(`cut ${cutAfter} ms after the client stopped reading`);
+    const m = await a2.metrics();
+    assert.equal(metricSum(m, 'thaw_activator_requests_total', { model: 'echo', outcome: 'send_timeout' }), 1);
+    assert.equal(metricSum(m, 'thaw_activator_requests_total', { outcome: 'client_closed' }), 0);
+    await waitUntil(async () => metricSum(await a2.metrics(), 'thaw_activator_open_connections') === 0,
+      5000, { what: 'client connection closed' });
+    // Backpressure held while the client was stuck: the backend could write
+    // only what the buffers on the way hold (the activator's bufferBytes and
+    // the sockets'), and the activator's peak memory grew by no more, not by
+    // a second of stream at loopback speed. (Under ASan, freed memory sits in
+    // quarantine, so RSS follows the bytes moved, hence the margin.)
+    const mem1 = memOf(a2.proc.pid);
+    assert.ok(echo.sse.bytes > 4 * 65536, `backend wrote ${echo.sse.bytes} bytes`);
+    assert.ok(echo.sse.bytes < 48 * 1024 * 1024, `backend wrote ${echo.sse.bytes} bytes`);
+    assert.ok(mem1.hwm - mem0.hwm < 48 * 1024 * 1024,
+      `peak RSS grew by ${((mem1.hwm - mem0.hwm) / 1048576).toFixed(1)} MiB`);
+    t.diagnostic(`backend wrote ${echo.sse.bytes} bytes; peak RSS grew by ${mem1.hwm - mem0.hwm} bytes`);
+    // The client, reading again, gets what was in flight and then the end of
+    // the connection, never the last chunk of a complete response.
+    s.resume();
+    await waitUntil(() => ended, 5000, { what: 'client sees the connection end' });
+    assert.ok(!Buffer.concat(bufs).toString('latin1').endsWith('0\r\n\r\n'), 'the response is not complete');
+    await assertAccounted(a2);
+  } finally {
+    await a2.stop();
+  }
 });
 
 test('large responses stream through bounded buffers intact', async () => {

@@ -91,6 +91,49 @@ static void test_timeouts(void **state)
     config_free(cfg);
 }
 
+/* The send timeout and the lingering close: defaults (nginx's values for
+ * send_timeout, lingering_timeout and lingering_time), overrides, bounds. */
+static void test_send_and_linger(void **state)
+{
+    (void)state;
+    char err[256] = "";
+    struct config *cfg = parse("{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"}]}",
+                               err, sizeof(err));
+    if (!cfg)
+        fail_msg("%s", err);
+    assert_int_equal(cfg->limits.send_timeout_ms, 60000);
+    assert_int_equal(cfg->limits.lingering_timeout_ms, 5000);
+    assert_int_equal(cfg->limits.lingering_time_ms, 30000);
+    assert_int_equal(cfg->limits.lingering_max_bytes, 64L << 20);
+    assert_int_equal(cfg->limits.max_lingering, 512);
+    config_free(cfg);
+
+    cfg = parse("{\"limits\":{\"sendTimeoutSeconds\":0.5,\"lingeringTimeoutSeconds\":0,"
+                "\"lingeringTimeSeconds\":2,\"lingeringMaxBytes\":1000,"
+                "\"maxLingeringConnections\":3},"
+                "\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"}]}",
+                err, sizeof(err));
+    if (!cfg)
+        fail_msg("%s", err);
+    assert_int_equal(cfg->limits.send_timeout_ms, 500);
+    assert_int_equal(cfg->limits.lingering_timeout_ms, 0); /* lingering off */
+    assert_int_equal(cfg->limits.lingering_time_ms, 2000);
+    assert_int_equal(cfg->limits.lingering_max_bytes, 1000);
+    assert_int_equal(cfg->limits.max_lingering, 3);
+    config_free(cfg);
+
+    cfg = parse("{\"limits\":{\"sendTimeoutSeconds\":0},"
+                "\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"}]}",
+                err, sizeof(err));
+    assert_null(cfg);
+    assert_non_null(strstr(err, "limits.sendTimeoutSeconds: expected a number in 0.01..86400"));
+    cfg = parse("{\"limits\":{\"lingeringTimeSeconds\":-1},"
+                "\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"}]}",
+                err, sizeof(err));
+    assert_null(cfg);
+    assert_non_null(strstr(err, "limits.lingeringTimeSeconds"));
+}
+
 static void test_errors(void **state)
 {
     (void)state;
@@ -207,6 +250,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_full),
         cmocka_unit_test(test_timeouts),
+        cmocka_unit_test(test_send_and_linger),
         cmocka_unit_test(test_errors),
         cmocka_unit_test(test_backend_url),
         cmocka_unit_test(test_oom),
