@@ -64,7 +64,10 @@ struct app {
 static void drained(void *ud)
 {
     struct app *app = ud;
-    event_base_loopexit(app->base, NULL);
+    /* A few more loop turns for queued Redis commands (the held fields' HDEL) to
+     * reach the socket; nothing else is left to serve. */
+    struct timeval flush = {0, 100000};
+    event_base_loopexit(app->base, &flush);
 }
 
 static void hard_stop_cb(evutil_socket_t fd, short what, void *arg)

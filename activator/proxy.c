@@ -78,6 +78,7 @@ struct req {
     struct conn *up;
     bool up_reused;
     int sent_retries;
+    bool fresh_only; /* a pooled connection failed: the next try opens a new one */
     bool resp_started;
     bool resp_head_done;
     int resp_status;
@@ -730,6 +731,10 @@ static void up_event_cb(struct conn *c, int what, int err, void *arg)
         /* A pooled connection the backend had closed, or a fresh one cut
          * before any answer: the whole request is still here, resend it. */
         r->sent_retries++;
+        /* Its pool siblings are likely dead too (a crashed replica): the
+         * resend opens a new connection, which a dead backend refuses, and
+         * a refusal is the scale-down race, held and retried, never a 502. */
+        r->fresh_only = r->up_reused;
         retry_upstream(r, !r->up_reused);
         return;
     }
@@ -911,7 +916,8 @@ static void req_forward(struct req *r)
     r->ep = ep;
     m->inflight++;
     r->t_dispatch_us = clock_mono_us();
-    struct conn *c = endpoint_pool_take(ep);
+    struct conn *c = r->fresh_only ? NULL : endpoint_pool_take(ep);
+    r->fresh_only = false;
     if (c) {
         r->up = c;
         r->up_reused = true;
@@ -2159,6 +2165,9 @@ static void drain_deadline_cb(evutil_socket_t fd, short what, void *arg)
             req_fail(req_of_node(n), 503, OUT_DRAINING, "draining",
                      "the activator is shutting down");
         arm_hold_timer(m);
+        /* Nothing is held any more: say so now (HDEL), not at the next
+         * refresh, which will not come before the process exits. */
+        publish_held(m);
     }
     for (struct model_rt *m = px->removed; m; m = m->next_removed) {
         struct holdq_node *n;

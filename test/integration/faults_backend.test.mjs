@@ -15,11 +15,11 @@
 //                      next requests succeed on fresh connections, not held.
 //                      With two endpoints and one killed, every request goes
 //                      to the survivor, none held, none failed.
-//   pooled retries (TODO, a known bug): a request whose pooled connection
+//   pooled retries (a bug found here, fixed in activator/proxy.c): a request whose pooled connection
 //                      dies unanswered should be resent on a fresh
 //                      connection (then held while the endpoint is down);
-//                      today it is resent on other pooled ones and can end
-//                      502, as a replica crash shows.
+//                      it used to be resent on other pooled ones and could
+//                      end 502, as a replica crash showed.
 //   during cold start: killed while loading (/health 503): the held requests
 //                      stay held; a new backend serves them (model A); with
 //                      none coming back they end 504 `hold_timeout` at the
@@ -27,9 +27,8 @@
 //   SIGTERM, holding:  held requests of a model that comes up during the
 //                      drain are served; those of a model that never comes up
 //                      get 503 `draining` at the drain deadline; exit 0; the
-//                      served model's Redis held field is removed. (TODO, a
-//                      known bug: the other model's field outlives the
-//                      process.)
+//                      served model's Redis held field is removed, and the
+//                      other model's too (it used to outlive the process).
 // Every case ends with accepted = answered on the activator's /metrics.
 import fs from 'node:fs';
 import http from 'node:http';
@@ -220,7 +219,7 @@ function breakableBackend() {
   });
 }
 
-// Known bug (reported, not fixed here): a request whose pooled connection
+// A bug this test found (fixed: the resend now opens a fresh connection): a request whose pooled connection
 // closes before any answer is resent, but on the next *pooled* connection
 // (req_forward always takes from the pool), not on a fresh one as
 // docs/activator.md says; a pooled failure does not mark the endpoint down,
@@ -229,10 +228,9 @@ function breakableBackend() {
 // pick idle connections whose EOF is not processed yet (the soak sees 502s
 // on most replica kills). Expected: the resend goes out on a fresh
 // connection; that fails too, the endpoint is marked down, the request is
-// held and served once the backend is healthy again. Marked TODO: meson
-// reports it as an expected failure, and as a failure once fixed.
+// held and served once the backend is healthy again.
 test('a backend that drops requests on its pooled connections: the request is resent on a fresh connection and held, not answered 502',
-  { todo: 'retries after a pooled-connection failure reuse other pooled connections' }, async () => {
+  async () => {
     const b = await breakableBackend();
     const act = await startActivator({ models: [modelCfg('breaks', b.port)] }, { redisUrl: redis.url });
     try {
@@ -373,7 +371,7 @@ test('SIGTERM while holding: served if the model comes up during the drain, else
     assert.equal(Number(drained[1]), 10);
     t.diagnostic(`503 after ${dt} ms; exit ${Date.now() - tTerm} ms after SIGTERM`);
 
-    // Read now; judged by the next test (a known bug, marked TODO there).
+    // Read now; judged by the next test.
     for (const mdl of ['dn-up', 'dn-never']) {
       drainFields[mdl] = await redis.cli('HGET', `thaw:held:${mdl}`, 'act-drain');
     }
@@ -384,15 +382,14 @@ test('SIGTERM while holding: served if the model comes up during the drain, else
   }
 });
 
-// Known bug (reported, not fixed here): at the drain deadline the held
+// A bug this test found (fixed: the deadline sends the HDEL and the process lets it out): at the drain deadline the held
 // requests are answered 503 but their Redis held field is only removed by the
 // 1 s refresh tick, and the process exits before that tick. The field stays
 // with the last count, and thaw-scaler counts those requests for up to
 // --held-fresh-seconds (default 5 s) after nobody holds them (a spurious
 // active/desired >= 1). The same holds for the hold-timeout path, whose HDEL
-// waits up to 1 s for the tick, but there the process keeps running. Marked
-// TODO: meson reports it as an expected failure, and as a failure once fixed.
-test('SIGTERM while holding: no Redis held field outlives the drain', { todo: 'drain deadline exits before the HDEL of the held field is sent' }, () => {
+// waits up to 1 s for the tick, but there the process keeps running.
+test('SIGTERM while holding: no Redis held field outlives the drain', () => {
   assert.ok('dn-never' in drainFields, 'the drain test ran');
   // assert.ok: a one-line message (a multi-line diff in a TODO's YAML block trips meson's TAP parser).
   assert.ok(drainFields['dn-never'] === '', `thaw:held:dn-never field after exit: ${drainFields['dn-never']}`);
