@@ -167,6 +167,7 @@ struct proxy {
     struct evdns_base *dns;
     struct redis_link *redis;
     struct evconnlistener *listener;
+    struct event *accept_resume; /* re-enables accepting after an EMFILE pause */
     int port;
     struct client *clients;
     size_t nclients;
@@ -1765,6 +1766,36 @@ static void client_timer_cb(evutil_socket_t fd, short what, void *arg)
         client_kill(cl); /* idle keep-alive connection */
 }
 
+#define ACCEPT_PAUSE_MS 500
+
+static void accept_resume_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct proxy *px = arg;
+    if (px->listener && !px->draining)
+        evconnlistener_enable(px->listener);
+}
+
+/* accept() failing with EMFILE leaves the connection pending, so the
+ * listener would fire again at once: a busy loop. Pause accepting instead
+ * (as nginx does) and log once per pause; pending connections wait in the
+ * backlog. */
+static void accept_error_cb(struct evconnlistener *lst, void *arg)
+{
+    struct proxy *px = arg;
+    int err = EVUTIL_SOCKET_ERROR();
+    if (err == EMFILE || err == ENFILE || err == ENOBUFS || err == ENOMEM) {
+        LOG_WARN("accept_paused", "error=\"%s\" pause_ms=%d clients=%zu",
+                 evutil_socket_error_to_string(err), ACCEPT_PAUSE_MS, px->nclients);
+        evconnlistener_disable(lst);
+        struct timeval tv = {0, ACCEPT_PAUSE_MS * 1000};
+        evtimer_add(px->accept_resume, &tv);
+    } else {
+        LOG_DEBUG("accept_failed", "error=\"%s\"", evutil_socket_error_to_string(err));
+    }
+}
+
 static void accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct sockaddr *sa,
                       int salen, void *arg)
 {
@@ -1982,6 +2013,8 @@ void proxy_free(struct proxy *px)
         client_destroy(px->clients);
     if (px->listener)
         evconnlistener_free(px->listener);
+    if (px->accept_resume)
+        event_free(px->accept_resume);
     for (size_t i = 0; i < px->nmodels; i++)
         model_free(px->models[i]);
     thaw_free(px->models);
@@ -2032,7 +2065,12 @@ int proxy_listen(struct proxy *px, const char *host, int port, char *err, size_t
     px->listener = evconnlistener_new_bind(px->base, accept_cb, px,
                                            LEV_OPT_CLOSE_ON_FREE | LEV_OPT_REUSEABLE, 1024,
                                            (struct sockaddr *)&ss, (int)len);
-    if (!px->listener) {
+    if (px->listener) {
+        if (!px->accept_resume)
+            px->accept_resume = evtimer_new(px->base, accept_resume_cb, px);
+        evconnlistener_set_error_cb(px->listener, accept_error_cb);
+    }
+    if (!px->listener || !px->accept_resume) {
         snprintf(err, errlen, "bind %s:%d: %s", host, port, strerror(errno));
         return -1;
     }
