@@ -298,12 +298,14 @@ struct cl_ctx {
     bool seen;
     bool bad;
     uint64_t value;
+    size_t elements; /* list elements seen, to catch a value of only commas */
 };
 
 static bool cl_cb(void *ud, const char *p, size_t len)
 {
     struct cl_ctx *c = ud;
     uint64_t v = 0;
+    c->elements++;
     if (len > 18) { /* keeps the value far below overflow */
         c->bad = true;
         return false;
@@ -384,11 +386,15 @@ static int scan_fields(const struct http1_header *h, size_t n, struct http1_toke
         const char *name = h[i].name;
         size_t nl = h[i].name_len;
         if (http1_eq_nocase(name, nl, "content-length")) {
-            /* An empty value is no valid length either. */
+            /* An empty value is no valid length either, nor one of only
+             * commas (list_each finds no element in it: found by fuzzing). */
+            size_t before = f->cl.elements;
             if (h[i].value_len == 0)
                 f->cl.bad = true;
             else
                 list_each(h[i].value, h[i].value_len, cl_cb, &f->cl);
+            if (f->cl.elements == before)
+                f->cl.bad = true;
         } else if (http1_eq_nocase(name, nl, "transfer-encoding")) {
             f->te_present = true;
             list_each(h[i].value, h[i].value_len, te_cb, &f->te);

@@ -133,6 +133,9 @@ static void test_bad_requests(void **state)
         {"GET /\r\nHost: a\r\n\r\n", HTTP1_ERR_SYNTAX},
         {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 1x\r\n\r\n", HTTP1_ERR_CONTENT_LENGTH},
         {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: -1\r\n\r\n", HTTP1_ERR_CONTENT_LENGTH},
+        /* found by fuzzing: a list of only commas holds no length at all */
+        {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: ,\r\n\r\n", HTTP1_ERR_CONTENT_LENGTH},
+        {"POST / HTTP/1.1\r\nHost: a\r\nContent-Length: , ,\r\nTransfer-Encoding: chunked\r\n\r\n", HTTP1_ERR_FRAMING},
         {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length:\r\n\r\n", HTTP1_ERR_CONTENT_LENGTH},
         {"GET / HTTP/1.1\r\nHost: a\r\nContent-Length: 99999999999999999999\r\n\r\n",
          HTTP1_ERR_CONTENT_LENGTH},
