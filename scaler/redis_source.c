@@ -620,6 +620,13 @@ static void rs_conn_drop(struct rs_conn *c, const char *reason, bool in_hiredis)
         if (in_hiredis) {
             if (c->reap_ac) /* an older one, long out of its callbacks */
                 redisAsyncFree(c->reap_ac);
+            /* Stop its socket events: if the peer closed meanwhile, hiredis
+             * would see the EOF first and free the context itself, and the
+             * reap below would free it again (found by fuzzing). */
+            if (ac->ev.delRead)
+                ac->ev.delRead(ac->ev.data);
+            if (ac->ev.delWrite)
+                ac->ev.delWrite(ac->ev.data);
             c->reap_ac = ac;
             struct timeval zero = {0, 0};
             if (evtimer_add(c->reap_ev, &zero) != 0)
