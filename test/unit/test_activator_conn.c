@@ -10,6 +10,7 @@
 
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <time.h>
@@ -244,8 +245,12 @@ static void test_send_timeout(void **state)
         last = more; /* a write still came of the peer's last read */
     long dt = mono_ms() - last;
     assert_true(g.seen.events & CONN_SEND_TIMEOUT);
-    assert_true(dt >= SEND_MS - 10); /* less a coarse-clock tick or so */
-    assert_true(dt < SEND_MS + 150);
+    /* Valgrind slows every step by an order of magnitude, so only the event
+     * itself is checked there; the timing bounds run in the other builds. */
+    if (!getenv("THAW_UNDER_VALGRIND")) {
+        assert_true(dt >= SEND_MS - 10); /* less a coarse-clock tick or so */
+        assert_true(dt < SEND_MS + 150);
+    }
 
     /* 0 turns it off: output waits without an event. */
     g.seen.events = 0;
