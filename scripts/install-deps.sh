@@ -23,6 +23,8 @@ PACKAGES=(
   libcurl4-openssl-dev libhiredis-dev libssl-dev openssl
   redis-server prometheus nghttp2-client wrk nginx-light valgrind
   curl ca-certificates jq
+  # scripts/fuzz.sh: clang 14, its libFuzzer/sanitizer runtimes, llvm-symbolizer
+  clang libclang-rt-14-dev llvm-14
 )
 # Packages whose maintainer scripts start a system service. Tests run their own
 # instances on free ports, so a system copy is only in the way.
