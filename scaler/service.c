@@ -173,6 +173,19 @@ static Externalscaler__ScaledObjectRef *unpack_ref(struct grpc_call *call, const
     return ref;
 }
 
+/* The three RPCs that take a bare ScaledObjectRef: decode it and find its
+ * target, or finish the call with the right status and return NULL. */
+static struct target *resolve_ref_message(struct scaler_service *svc, struct grpc_call *call,
+                                          const uint8_t *msg, size_t len)
+{
+    Externalscaler__ScaledObjectRef *ref = unpack_ref(call, msg, len);
+    if (!ref)
+        return NULL;
+    struct target *t = resolve(svc, call, ref);
+    externalscaler__scaled_object_ref__free_unpacked(ref, &pb_allocator);
+    return t;
+}
+
 static int send_active(struct grpc_call *call, bool active)
 {
     Externalscaler__IsActiveResponse resp = EXTERNALSCALER__IS_ACTIVE_RESPONSE__INIT;
@@ -185,11 +198,7 @@ static int send_active(struct grpc_call *call, bool active)
 static void handle_is_active(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
 {
     struct scaler_service *svc = ud;
-    Externalscaler__ScaledObjectRef *ref = unpack_ref(call, msg, len);
-    if (!ref)
-        return;
-    struct target *t = resolve(svc, call, ref);
-    externalscaler__scaled_object_ref__free_unpacked(ref, &pb_allocator);
+    struct target *t = resolve_ref_message(svc, call, msg, len);
     if (!t)
         return;
     const struct policy_decision *d = target_decision(t);
@@ -247,11 +256,7 @@ static void handle_stream_is_active(void *ud, struct grpc_call *call, const uint
                                     size_t len)
 {
     struct scaler_service *svc = ud;
-    Externalscaler__ScaledObjectRef *ref = unpack_ref(call, msg, len);
-    if (!ref)
-        return;
-    struct target *t = resolve(svc, call, ref);
-    externalscaler__scaled_object_ref__free_unpacked(ref, &pb_allocator);
+    struct target *t = resolve_ref_message(svc, call, msg, len);
     if (!t)
         return;
     const char *model = target_spec(t)->model;
@@ -289,11 +294,7 @@ static void handle_get_metric_spec(void *ud, struct grpc_call *call, const uint8
                                    size_t len)
 {
     struct scaler_service *svc = ud;
-    Externalscaler__ScaledObjectRef *ref = unpack_ref(call, msg, len);
-    if (!ref)
-        return;
-    struct target *t = resolve(svc, call, ref);
-    externalscaler__scaled_object_ref__free_unpacked(ref, &pb_allocator);
+    struct target *t = resolve_ref_message(svc, call, msg, len);
     if (!t)
         return;
     char name[256];
