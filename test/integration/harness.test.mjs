@@ -6,6 +6,7 @@ import fs from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
 import path from 'node:path';
+import os from 'node:os';
 import { after, test } from 'node:test';
 import { pathToFileURL } from 'node:url';
 
@@ -48,6 +49,17 @@ test('freePort gives a bindable loopback port; tmpDir makes a directory', async 
   assert.equal(await canConnect(port), true);
   await new Promise((resolve) => srv.close(resolve));
   assert.equal(await canConnect(port), false);
+
+  // Reserved: below the ephemeral range, locked for this process, never
+  // handed out twice.
+  const lo = Number(fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').split(/\s+/)[0]);
+  assert.ok(port < lo, `port ${port} is below the ephemeral range (${lo})`);
+  const lock = path.join(os.tmpdir(), 'thaw-test-ports', String(port));
+  assert.equal(fs.readFileSync(lock, 'utf8'), String(process.pid));
+  const many = new Set();
+  for (let i = 0; i < 50; i++) many.add(await freePort());
+  assert.equal(many.size, 50);
+  assert.ok(!many.has(port));
 
   const d = tmpDir();
   assert.ok(fs.statSync(d).isDirectory());

@@ -80,6 +80,9 @@ async function stopAll() {
 
 process.on('exit', () => {
   killAllNow();
+  for (const f of myPortLocks) {
+    try { fs.unlinkSync(f); } catch { /* best effort */ }
+  }
   if (process.env.THAW_KEEP_TMP !== '1') {
     for (const d of tmpDirs) {
       try { fs.rmSync(d, { recursive: true, force: true }); } catch { /* best effort */ }
@@ -108,17 +111,69 @@ export function liveProcessCount() {
 // ---------------------------------------------------------------------------
 // Small utilities
 
-/** A TCP port on 127.0.0.1 that was free a moment ago. */
-export function freePort() {
-  return new Promise((resolve, reject) => {
+// Ports handed out by freePort() come from below the kernel's ephemeral range
+// and are reserved across processes with a lock file: a port from bind(0) may
+// be taken, before the test binds it, by any outgoing connection (even a
+// probe's self-connect to that very port) or by a parallel test's bind(0).
+const portLockDir = path.join(os.tmpdir(), 'thaw-test-ports');
+const myPortLocks = [];
+
+function ephemeralRangeStart() {
+  try {
+    const lo = Number(fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]);
+    if (Number.isInteger(lo) && lo > 4096) return lo;
+  } catch { /* not Linux: fall through */ }
+  return 32768;
+}
+const portRange = (() => {
+  const hi = ephemeralRangeStart();
+  return { lo: Math.max(1024, hi - 12000), hi };
+})();
+
+function pidAlive(pid) {
+  try { process.kill(pid, 0); return true; } catch (e) { return e.code === 'EPERM'; }
+}
+
+/** Takes the cross-process lock for port, clearing one left by a dead process. */
+function lockPort(port) {
+  fs.mkdirSync(portLockDir, { recursive: true });
+  const f = path.join(portLockDir, String(port));
+  for (let i = 0; i < 2; i++) {
+    try {
+      fs.writeFileSync(f, String(process.pid), { flag: 'wx' });
+      myPortLocks.push(f);
+      return true;
+    } catch (e) {
+      if (e.code !== 'EEXIST') throw e;
+      const owner = Number(fs.readFileSync(f, 'utf8') || 0);
+      if (owner && pidAlive(owner)) return false;
+      try { fs.unlinkSync(f); } catch { /* another process cleared it */ }
+    }
+  }
+  return false;
+}
+
+function canBind(port) {
+  return new Promise((resolve) => {
     const srv = net.createServer();
     srv.unref();
-    srv.on('error', reject);
-    srv.listen(0, '127.0.0.1', () => {
-      const { port } = srv.address();
-      srv.close(() => resolve(port));
-    });
+    srv.once('error', () => resolve(false));
+    srv.listen({ port, host: '127.0.0.1', exclusive: true }, () => srv.close(() => resolve(true)));
   });
+}
+
+/**
+ * A TCP port on 127.0.0.1, free now and reserved for this process: no other
+ * test process gets it from freePort(), and no outgoing connection uses it.
+ */
+export async function freePort() {
+  const span = portRange.hi - portRange.lo;
+  for (let attempt = 0; attempt < 200; attempt++) {
+    const port = portRange.lo + Math.floor(Math.random() * span);
+    if (!lockPort(port)) continue;
+    if (await canBind(port)) return port;
+  }
+  throw new Error(`freePort: no free port in ${portRange.lo}-${portRange.hi - 1} after 200 tries`);
 }
 
 /** A fresh directory under the system temp dir, removed at process exit. */
