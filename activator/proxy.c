@@ -69,6 +69,7 @@ struct req {
     struct holdq_node hq;
     enum tier tier;
     bool was_held;
+    int64_t starved_since_ms; /* first failure to get a local socket, 0 if none */
     int64_t cold_ms; /* time held, -1 if never */
     bool stream;
     struct event *heartbeat;
@@ -168,6 +169,12 @@ struct proxy {
     struct redis_link *redis;
     struct evconnlistener *listener;
     struct event *accept_resume; /* re-enables accepting after an EMFILE pause */
+    /* No local socket for an upstream connection (EMFILE, ENOBUFS, no
+     * ephemeral port): requests wait in their hold queue until this timer
+     * tries again, instead of failing for what is not the backend's doing. */
+    struct event *socket_retry;
+    bool socket_starved;
+    uint64_t socket_failures;
     int port;
     struct client *clients;
     size_t nclients;
@@ -196,7 +203,7 @@ static const char *const outcome_names[PROXY_OUTCOME_COUNT] = {
     "ok",           "bad_request",   "body_too_large", "headers_too_large", "header_timeout",
     "body_timeout", "model_not_found", "hold_full",    "shed",              "draining",
     "hold_timeout", "upstream_timeout", "bad_gateway", "aborted",           "client_closed",
-    "internal_error", "send_timeout",
+    "internal_error", "send_timeout",   "no_socket",
 };
 
 const char *proxy_outcome_to_str(enum proxy_outcome o)
@@ -400,7 +407,7 @@ static void req_fail(struct req *r, int status, enum proxy_outcome o, const char
                      const char *msg)
 {
     bool close = !r->body_done || status == 400 || status == 413 || status == 431 ||
-                 r->cl->px->draining;
+                 o == OUT_NO_SOCKET || r->cl->px->draining;
     up_release(r, false);
     if (r->resp_head_done && !r->early_head) {
         /* Too late for a status: all we can do is cut the connection. */
@@ -903,6 +910,59 @@ static void up_setup(struct req *r)
     conn_enable_read(r->up);
 }
 
+#define SOCKET_RETRY_MS 50
+/* A local failure to open an upstream connection: nothing was sent and the
+ * backend is not at fault, so the request goes back to the head of its hold
+ * queue (its hold deadline still bounds the wait) and every queue is retried
+ * after SOCKET_RETRY_MS; logged once per episode, not per request. */
+static void socket_starved(struct req *r, int err)
+{
+    struct model_rt *m = r->m;
+    struct proxy *px = m->px;
+    px->socket_failures++;
+    if (!px->socket_starved)
+        LOG_WARN("upstream_socket_starved", "model=%s endpoint=%s err=\"%s\" retry_ms=%d",
+                 m->name, endpoint_label(r->ep), strerror(err), SOCKET_RETRY_MS);
+    px->socket_starved = true;
+    if (!evtimer_pending(px->socket_retry, NULL)) {
+        struct timeval tv;
+        tv_ms(&tv, SOCKET_RETRY_MS);
+        evtimer_add(px->socket_retry, &tv);
+    }
+    struct endpoint *ep = r->ep;
+    r->ep = NULL;
+    m->inflight--;
+    endpoint_release(ep);
+    r->state = RS_DISPATCH;
+    int64_t now = now_ms();
+    if (r->starved_since_ms == 0)
+        r->starved_since_ms = now;
+    /* When every descriptor is a client waiting for a model server, nothing
+     * frees one: bounded by connectTimeout, then an explicit 503 whose closed
+     * connection frees a descriptor for the next request. */
+    if (now - r->starved_since_ms >= px->cfg->limits.connect_timeout_ms) {
+        req_fail(r, 503, OUT_NO_SOCKET, "overloaded",
+                 "the activator has no free socket to reach the model server");
+        return;
+    }
+    req_hold(r);
+}
+
+static void socket_retry_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct proxy *px = arg;
+    px->socket_starved = false;
+    for (size_t i = 0; i < px->nmodels && !px->socket_starved; i++)
+        release_held(px->models[i]);
+    for (struct model_rt *m = px->removed; m && !px->socket_starved; m = m->next_removed)
+        release_held(m);
+    if (!px->socket_starved)
+        LOG_INFO("upstream_socket_recovered", "failures=%llu",
+                 (unsigned long long)px->socket_failures);
+}
+
 static void req_forward(struct req *r)
 {
     struct model_rt *m = r->m;
@@ -934,10 +994,7 @@ static void req_forward(struct req *r)
     const struct sockaddr *sa = endpoint_addr(ep, &alen);
     c = conn_connect(px->base, px->flusher, sa, alen);
     if (!c) {
-        /* Local failure (no socket or memory): not the backend's doing. */
-        LOG_ERROR("upstream_socket_failed", "model=%s endpoint=%s err=\"%s\"", m->name,
-                  endpoint_label(ep), strerror(errno));
-        req_fail(r, 502, OUT_BAD_GATEWAY, "bad_gateway", "could not open a connection");
+        socket_starved(r, errno);
         return;
     }
     r->up = c;
@@ -979,6 +1036,41 @@ static void send_heartbeat_head(struct req *r)
     r->close_after = !r->keep_alive || !r->body_done;
 }
 
+/* What a held request costs besides its head and body bytes: the request,
+ * the client connection with its buffers and events, allocator overhead. Set
+ * from bench/activator_held.mjs (RSS per held request, minus the bytes), so
+ * that maxHeldBytes bounds real memory. */
+#define HELD_FIXED_BYTES 4096
+
+static void free_block(const void *data, size_t len, void *arg)
+{
+    (void)len;
+    (void)arg;
+    thaw_free((void *)data);
+}
+
+/* Moves the bytes of *b into one exactly sized block. A held request may
+ * wait for minutes, and its bytes often sit in a chain sized for a socket
+ * read (16 KiB for a 200-byte body); thousands of them add up. On allocation
+ * failure *b is left as it was. */
+static void compact_buffer(struct evbuffer **b)
+{
+    size_t len = evbuffer_get_length(*b);
+    if (len == 0 || len > 1024 * 1024)
+        return;
+    struct evbuffer *nb = evbuffer_new();
+    void *data = thaw_malloc(len);
+    if (!nb || !data || evbuffer_copyout(*b, data, len) != (ev_ssize_t)len ||
+        evbuffer_add_reference(nb, data, len, free_block, NULL) < 0) {
+        if (nb)
+            evbuffer_free(nb);
+        thaw_free(data);
+        return;
+    }
+    evbuffer_free(*b);
+    *b = nb;
+}
+
 static void req_hold(struct req *r)
 {
     struct model_rt *m = r->m;
@@ -992,7 +1084,10 @@ static void req_hold(struct req *r)
             evtimer_add(r->heartbeat, &tv);
         }
     } else {
-        size_t bytes = sizeof(*r) + evbuffer_get_length(r->head) + evbuffer_get_length(r->body);
+        compact_buffer(&r->head);
+        compact_buffer(&r->body);
+        size_t bytes = HELD_FIXED_BYTES + evbuffer_get_length(r->head) +
+                       evbuffer_get_length(r->body);
         while (!holdq_fits(&m->hq, bytes)) {
             struct holdq_node *v = holdq_victim(&m->hq, r->tier, bytes);
             if (!v)
@@ -1069,7 +1164,8 @@ static void release_held(struct model_rt *m)
     int64_t now = now_ms();
     size_t released = 0;
     while (m->hq.count > 0 && can_forward(m)) {
-        if (backend_capacity(m->be) == 0)
+        /* Sockets ran out: the retry timer releases again. */
+        if (backend_capacity(m->be) == 0 || m->px->socket_starved)
             break;
         struct holdq_node *n = holdq_pop(&m->hq);
         struct req *r = req_of_node(n);
@@ -1974,12 +2070,13 @@ struct proxy *proxy_new(struct event_base *base, struct config *cfg, struct redi
     px->redis = redis;
     px->port = -1;
     px->tick = event_new(base, -1, EV_PERSIST, tick_cb, px);
+    px->socket_retry = evtimer_new(base, socket_retry_cb, px);
     px->flusher = conn_flusher_new(base);
     px->scratch_req = thaw_malloc(sizeof(*px->scratch_req));
     px->scratch_resp = thaw_malloc(sizeof(*px->scratch_resp));
     px->routes = route_table_new(cfg);
-    if (!px->tick || !px->flusher || !px->scratch_req || !px->scratch_resp || !px->routes ||
-        build_models(px, cfg, &px->models) < 0) {
+    if (!px->tick || !px->socket_retry || !px->flusher || !px->scratch_req ||
+        !px->scratch_resp || !px->routes || build_models(px, cfg, &px->models) < 0) {
         snprintf(err, errlen, "out of memory");
         proxy_free(px);
         return NULL;
@@ -2015,6 +2112,8 @@ void proxy_free(struct proxy *px)
         evconnlistener_free(px->listener);
     if (px->accept_resume)
         event_free(px->accept_resume);
+    if (px->socket_retry)
+        event_free(px->socket_retry);
     for (size_t i = 0; i < px->nmodels; i++)
         model_free(px->models[i]);
     thaw_free(px->models);

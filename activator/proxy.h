@@ -45,8 +45,9 @@ enum proxy_outcome {
     OUT_CLIENT_CLOSED,     /* the client left before its answer */
     OUT_INTERNAL,          /* 500: out of memory or similar */
     OUT_SEND_TIMEOUT,      /* cut: the client took no response byte for sendTimeoutSeconds */
+    OUT_NO_SOCKET,         /* 503: no local socket for the model server within connectTimeout */
 };
-#define PROXY_OUTCOME_COUNT 17
+#define PROXY_OUTCOME_COUNT 18
 
 const char *proxy_outcome_to_str(enum proxy_outcome o);
 

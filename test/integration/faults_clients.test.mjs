@@ -31,7 +31,7 @@ import {
   complete, metricSum, startActivator, startFakeVllm, waitUntil,
 } from './activator_lib.mjs';
 import {
-  accountedFor, assert, fdCount, nofileLimits, outcomeCounts, rssKiB, sleep, underSanitizer, underValgrind,
+  accountedFor, assert, fdCount, nofileLimits, outcomeCounts, parseRawResponse, rssKiB, sleep, underSanitizer, underValgrind,
 } from './faults_lib.mjs';
 
 const IDLE_CONNS = Number(process.env.THAW_FAULTS_IDLE_CONNS ?? 10000);
@@ -356,3 +356,91 @@ test('file descriptor limit reached: no busy loop, no log flood; serves again on
       await act.stop();
     }
   });
+
+/**
+ * Descriptors the activator's next open() can compete with: RLIMIT_NOFILE
+ * bounds descriptor numbers, and one inherited from the test runner sits at a
+ * high number (a pipe near 250), outside the range the limit below opens.
+ */
+function lowFdCount(pid) {
+  return fs.readdirSync(`/proc/${pid}/fd`).filter((f) => Number(f) < 128).length;
+}
+
+/**
+ * n connections opened first (so the activator has accepted them all), then a
+ * completion request sent on each at once; resolves the raw responses.
+ */
+async function requestsOnOpenConnections(act, n, maxTokens) {
+  const socks = await openIdle(act.port, n, n);
+  await waitUntil(() => socks.every((s) => !s.destroyed), 2000, { what: 'connections open' });
+  const body = JSON.stringify({ model: 'fc', prompt: 'x', max_tokens: maxTokens });
+  const done = socks.map((s) => new Promise((resolve) => {
+    const bufs = [];
+    s.on('data', (d) => bufs.push(d));
+    s.once('close', () => resolve(parseRawResponse(Buffer.concat(bufs).toString('latin1'))));
+  }));
+  for (const s of socks) {
+    s.write(`POST /v1/completions HTTP/1.1\r\nHost: fc\r\nConnection: close\r\n` +
+      `Content-Type: application/json\r\nContent-Length: ${body.length}\r\n\r\n${body}`);
+  }
+  return { responses: await Promise.all(done) };
+}
+
+// Found by the 10 000-held-requests benchmark: a request whose upstream socket
+// could not be created (EMFILE) was answered 502 though nothing had been sent.
+// It now waits in its hold queue and is retried.
+test('no descriptor left for an upstream connection: requests wait and are served, none 502', async () => {
+  const act = await startActivator({ limits: { idleTimeoutSeconds: 300 }, models: [modelCfg()] });
+  try {
+    const agent = new http.Agent({ keepAlive: true, maxSockets: 2 });
+    assert.equal((await complete(act.port, 'fc', { agent })).status, 200);
+    await sleep(100);
+    const fds = lowFdCount(act.proc.pid);
+    assert.equal(await prlimit(act.proc.pid, fds + 6), null, 'prlimit');
+    const mark = act.proc.mark();
+    const { responses } = await requestsOnOpenConnections(act, 6, 200);
+    assert.deepEqual(responses.map((r) => r.status), [200, 200, 200, 200, 200, 200],
+      responses.map((r) => r.head).join('\n'));
+    const log = act.proc.lines.slice(mark).map((l) => l.line).join('\n');
+    assert.match(log, /event=upstream_socket_starved/);
+    await prlimit(act.proc.pid, 65536);
+    const { outcomes } = await accountedFor(act);
+    assert.equal(outcomes.bad_gateway ?? 0, 0);
+    assert.equal(outcomes.no_socket ?? 0, 0);
+    agent.destroy();
+  } finally {
+    await act.stop();
+  }
+});
+
+test('every descriptor held by a waiting client: 503 overloaded after connectTimeout frees one, the rest served', async () => {
+  const act = await startActivator({
+    // No pooled upstream connection to fall back on.
+    limits: { connectTimeoutMs: 400, retryAfterSeconds: 2, maxIdlePerEndpoint: 0 },
+    models: [modelCfg()],
+  });
+  try {
+    assert.equal((await complete(act.port, 'fc')).status, 200);
+    await sleep(100);
+    const fds = lowFdCount(act.proc.pid);
+    assert.equal(await prlimit(act.proc.pid, fds + 4), null, 'prlimit');
+    const t0 = Date.now();
+    const { responses } = await requestsOnOpenConnections(act, 4, 10);
+    const codes = responses.map((r) => r.status).sort();
+    const busy = responses.filter((r) => r.status === 503);
+    assert.ok(busy.length >= 1 && busy.length < 4, `statuses ${codes}`);
+    assert.ok(codes.every((c) => c === 200 || c === 503), `statuses ${codes}`);
+    for (const r of busy) {
+      assert.match(r.head, /\r\nRetry-After: 2\r\n/i);
+      assert.equal(JSON.parse(r.body).error.code, 'overloaded');
+    }
+    assert.ok(Date.now() - t0 >= 350, 'the 503 waited for connectTimeout');
+    await prlimit(act.proc.pid, 65536);
+    const { outcomes } = await accountedFor(act);
+    assert.equal(outcomes.no_socket, busy.length);
+    assert.equal(outcomes.ok, 1 + 4 - busy.length); // and the first request
+    assert.equal(outcomes.bad_gateway ?? 0, 0);
+  } finally {
+    await act.stop();
+  }
+});
