@@ -82,8 +82,10 @@ static const struct opt_def option_defs[] = {
     {"staleness-limit-seconds", OPT_DOUBLE, S(staleness_limit_seconds), "60", 1, 86400,
      "after a source fails this long, GetMetrics answers UNAVAILABLE (KEDA fallback)",
      "stalenessLimitSeconds"},
-    {"scale-down-stabilization-seconds", OPT_DOUBLE, S(scale_down_stabilization_seconds), "300",
-     0, 86400, "desired replicas are the max over this window (set HPA's own window to 0)",
+    {"scale-down-stabilization-seconds", OPT_DOUBLE, S(scale_down_stabilization_seconds), "240",
+     0, 86400,
+     "desired replicas are the max over this window (set HPA's own window to 0); a "
+     "ScaledObject's scaleDownWindowSeconds overrides it",
      "scaleDownStabilizationSeconds"},
     {"held-fresh-seconds", OPT_DOUBLE, S(held_fresh_seconds), "5", 1, 3600,
      "activator held-count fields older than this are ignored; a wake counts this long",

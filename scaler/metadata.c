@@ -29,6 +29,82 @@ static const struct number_key number_keys[] = {
 };
 #define NUMBER_KEYS (sizeof(number_keys) / sizeof(number_keys[0]))
 
+/* Policy v2 knobs (docs/scaling-policy.md). Times are given in seconds, as
+ * KEDA's own settings are, and kept in ms. */
+enum knob_unit { KNOB_NUMBER, KNOB_SECONDS };
+struct policy_key {
+    const char *key;
+    size_t offset; /* in struct policy_params */
+    enum knob_unit unit;
+    double min, max; /* inclusive */
+    bool min_open;   /* min itself is refused */
+};
+
+#define PK(name, field, unit, lo, hi, open) \
+    {name, offsetof(struct policy_params, field), unit, lo, hi, open}
+static const struct policy_key policy_keys[] = {
+    PK("coldStartSeconds", cold_start_ms, KNOB_SECONDS, 0, 86400, false),
+    PK("targetUtilisation", target_utilisation, KNOB_NUMBER, 0, 1, true),
+    PK("trendWindowSeconds", trend_window_ms, KNOB_SECONDS, 0, 3600, false),
+    PK("rateWindowSeconds", rate_window_ms, KNOB_SECONDS, 0, 3600, false),
+    PK("queueWindowSeconds", queue_window_ms, KNOB_SECONDS, 0, 3600, false),
+    PK("keepWarmCost", keep_warm_cost, KNOB_NUMBER, 0, 1000, false),
+    PK("keepWarmMaxSeconds", keep_warm_max_ms, KNOB_SECONDS, 0, 86400, false),
+    PK("surgeHoldSeconds", surge_hold_ms, KNOB_SECONDS, 0, 86400, false),
+    PK("tokensPerRequest", tokens_per_request, KNOB_NUMBER, 0, 1e7, true),
+    PK("drainTimeFactor", drain_time_factor, KNOB_NUMBER, 0, 100, true),
+    PK("wakeBacklogShare", wake_backlog_share, KNOB_NUMBER, 0, 100, false),
+};
+#undef PK
+#define POLICY_KEYS (sizeof(policy_keys) / sizeof(policy_keys[0]))
+
+static int parse_bounded(const char *key, const char *value, double lo, double hi, bool lo_open,
+                         double *out, char *err, size_t errlen)
+{
+    char *end = NULL;
+    errno = 0;
+    double v = strtod(value, &end);
+    while (end && isspace((unsigned char)*end))
+        end++;
+    if (errno || end == value || !end || *end != '\0' || !isfinite(v) || v < lo || v > hi ||
+        (lo_open && v == lo)) {
+        snprintf(err, errlen, "metadata key '%s': expected a number in %c%g, %g], got '%.64s'",
+                 key, lo_open ? '(' : '[', lo, hi, value);
+        return -1;
+    }
+    *out = v;
+    return 0;
+}
+
+static int parse_policy_key(const struct policy_key *k, const char *value,
+                            struct policy_params *p, char *err, size_t errlen)
+{
+    double v;
+    if (parse_bounded(k->key, value, k->min, k->max, k->min_open, &v, err, errlen) != 0)
+        return -1;
+    void *slot = (char *)p + k->offset;
+    if (k->unit == KNOB_SECONDS)
+        *(int64_t *)slot = (int64_t)llround(v * 1000.0);
+    else
+        *(double *)slot = v;
+    return 0;
+}
+
+void metadata_policy_params(const struct scaler_spec *spec, int64_t default_scale_down_ms,
+                            struct policy_params *out)
+{
+    if (spec->policy_v1)
+        policy_params_v1(out);
+    else
+        *out = spec->policy;
+    out->target_tokens_per_second = spec->target_tokens_per_second;
+    out->target_queue_length = spec->target_queue_length;
+    out->activation_token_rate = spec->activation_token_rate;
+    out->activation_queue_length = spec->activation_queue_length;
+    out->scale_down_window_ms =
+        spec->scale_down_window_ms >= 0 ? spec->scale_down_window_ms : default_scale_down_ms;
+}
+
 static int parse_number(const struct number_key *k, const char *value, double *out, char *err,
                         size_t errlen)
 {
@@ -62,6 +138,8 @@ int metadata_parse(const char *const *keys, const char *const *values, size_t n,
     memset(spec, 0, sizeof(*spec));
     for (size_t k = 0; k < NUMBER_KEYS; k++)
         *(double *)(void *)((char *)spec + number_keys[k].offset) = number_keys[k].def;
+    policy_params_defaults(&spec->policy);
+    spec->scale_down_window_ms = -1;
     const char *model = NULL, *redis_key = NULL, *group = NULL;
 
     for (size_t i = 0; i < n; i++) {
@@ -83,7 +161,30 @@ int metadata_parse(const char *const *keys, const char *const *values, size_t n,
             group = value;
             continue;
         }
+        if (strcmp(key, "policy") == 0) {
+            if (strcmp(value, "v1") != 0 && strcmp(value, "v2") != 0) {
+                snprintf(err, errlen, "metadata key 'policy': expected 'v2' or 'v1', got '%.64s'",
+                         value);
+                return -1;
+            }
+            spec->policy_v1 = strcmp(value, "v1") == 0;
+            continue;
+        }
+        if (strcmp(key, "scaleDownWindowSeconds") == 0) {
+            double v;
+            if (parse_bounded(key, value, 0, 86400, false, &v, err, errlen) != 0)
+                return -1;
+            spec->scale_down_window_ms = (int64_t)llround(v * 1000.0);
+            continue;
+        }
         int matched = 0;
+        for (size_t k = 0; k < POLICY_KEYS && !matched; k++) {
+            if (strcmp(key, policy_keys[k].key) == 0) {
+                if (parse_policy_key(&policy_keys[k], value, &spec->policy, err, errlen) != 0)
+                    return -1;
+                matched = 1;
+            }
+        }
         for (size_t k = 0; k < NUMBER_KEYS && !matched; k++) {
             if (strcmp(key, number_keys[k].key) == 0) {
                 double *slot = (double *)(void *)((char *)spec + number_keys[k].offset);
@@ -173,6 +274,21 @@ static int str_equal(const char *a, const char *b)
     return strcmp(a, b) == 0;
 }
 
+/* Only the fields a key can set differ between specs. */
+static bool policy_knobs_equal(const struct policy_params *a, const struct policy_params *b)
+{
+    for (size_t k = 0; k < POLICY_KEYS; k++) {
+        const char *pa = (const char *)a + policy_keys[k].offset;
+        const char *pb = (const char *)b + policy_keys[k].offset;
+        if (policy_keys[k].unit == KNOB_SECONDS ? *(const int64_t *)(const void *)pa !=
+                                                      *(const int64_t *)(const void *)pb
+                                                : *(const double *)(const void *)pa !=
+                                                      *(const double *)(const void *)pb)
+            return false;
+    }
+    return true;
+}
+
 int metadata_spec_equal(const struct scaler_spec *a, const struct scaler_spec *b)
 {
     return str_equal(a->model, b->model) && str_equal(a->redis_key, b->redis_key) &&
@@ -180,7 +296,9 @@ int metadata_spec_equal(const struct scaler_spec *a, const struct scaler_spec *b
            a->target_tokens_per_second == b->target_tokens_per_second &&
            a->target_queue_length == b->target_queue_length &&
            a->activation_token_rate == b->activation_token_rate &&
-           a->activation_queue_length == b->activation_queue_length;
+           a->activation_queue_length == b->activation_queue_length &&
+           a->policy_v1 == b->policy_v1 && a->scale_down_window_ms == b->scale_down_window_ms &&
+           policy_knobs_equal(&a->policy, &b->policy);
 }
 
 void metadata_metric_name(const char *model, char *out, size_t outlen)

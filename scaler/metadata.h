@@ -4,13 +4,20 @@
  * Keys (documented in README):
  *   model (required), targetTokensPerSecond (1000), targetQueueLength (10),
  *   redisKey (thaw:queue:<model>), redisStreamGroup (none),
- *   activationTokenRate (0), activationQueueLength (0).
+ *   activationTokenRate (0), activationQueueLength (0),
+ *   policy ("v2" or "v1"), scaleDownWindowSeconds (the scaler's flag), and the
+ *   policy v2 knobs (coldStartSeconds, targetUtilisation, ...: the table in
+ *   metadata.c; their defaults are policy_params_defaults()).
  * KEDA's own keys (scalerAddress, enableTLS, unsafeSsl, caCert, tlsClientCert,
  * tlsClientKey, tlsCertFile) are accepted and ignored. */
 #ifndef THAW_METADATA_H
 #define THAW_METADATA_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
+
+#include "policy.h"
 
 #define METADATA_MAX_VALUE 1024 /* bytes per value; longer is INVALID_ARGUMENT */
 
@@ -22,7 +29,17 @@ struct scaler_spec {
     char *redis_stream_group; /* NULL when unset */
     double activation_token_rate;
     double activation_queue_length;
+    bool policy_v1;               /* policy: v1 (the v2 knobs below unused) */
+    int64_t scale_down_window_ms; /* -1: the scaler's --scale-down-stabilization */
+    /* v2 knobs: policy_params_defaults() overridden by the keys given; the
+     * four fields above are the authority for their own values. */
+    struct policy_params policy;
 };
+
+/* The policy parameters spec asks for, given the scaler's default scale-down
+ * window. */
+void metadata_policy_params(const struct scaler_spec *spec, int64_t default_scale_down_ms,
+                            struct policy_params *out);
 
 /* Called for each key neither Thaw's nor KEDA's (so the caller can log it once). */
 typedef void (*metadata_unknown_fn)(void *ud, const char *key);

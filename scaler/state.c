@@ -191,15 +191,8 @@ static bool decision_differs(const struct policy_decision *a, const struct polic
 
 static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
 {
-    /* Policy v1 until the v2 knobs have flags (policy_params_defaults()
-     * then; docs/scaling-policy.md). */
     struct policy_params p;
-    policy_params_v1(&p);
-    p.target_tokens_per_second = t->spec.target_tokens_per_second;
-    p.target_queue_length = t->spec.target_queue_length;
-    p.activation_token_rate = t->spec.activation_token_rate;
-    p.activation_queue_length = t->spec.activation_queue_length;
-    p.scale_down_window_ms = st->cfg.scale_down_window_ms;
+    metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms, &p);
     struct policy_inputs in = {
         .token_rate = t->model->token_rate,
         .queue = t->queue->length,

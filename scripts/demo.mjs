@@ -305,7 +305,12 @@ async function main() {
     cluster = new Cluster({
       scalerAddress: scaler.grpcAddress,
       models,
-      metadata: { targetTokensPerSecond: opt.targetTokensPerSecond, targetQueueLength: 10, ...opt.triggerMetadata },
+      // The policy's horizon: this stack's replica start (its weights load)
+      // plus one KEDA poll, as an operator would measure and set it.
+      metadata: {
+        targetTokensPerSecond: opt.targetTokensPerSecond, targetQueueLength: 10,
+        coldStartSeconds: opt.coldStartSeconds + opt.pollingInterval, ...opt.triggerMetadata,
+      },
       pollingIntervalMs: opt.pollingInterval * 1000,
       cooldownMs: opt.cooldown * 1000,
       maxReplicaCount: opt.maxReplicas,

@@ -228,6 +228,38 @@ test('held requests: fresh fields sum, stale ones are ignored, and they age out'
   await waitActive(client, held, false, 5000);
 });
 
+test('policy v2 from the metadata: keep-warm lasts coldStartSeconds x keepWarmCost; v1 goes inactive at once', async () => {
+  // surgeHoldSeconds 0: the wake's replica is not held on after the wake.
+  const v2 = scaledObjectRef('kw-v2', {
+    model: 'kw-v2', policy: 'v2', coldStartSeconds: 2, keepWarmCost: 1.5, surgeHoldSeconds: 0,
+  });
+  const v1 = scaledObjectRef('kw-v1', { model: 'kw-v1' });
+  for (const r of [v2, v1]) await client.getMetricSpec(r);
+  for (const r of [v2, v1]) assert.deepEqual(await client.isActive(r), { result: false });
+  await redis.cli('HSET', 'thaw:held:kw-v2', 'inst1', `2:${nowMs()}`);
+  await redis.cli('HSET', 'thaw:held:kw-v1', 'inst1', `2:${nowMs()}`);
+  for (const r of [v2, v1]) await waitActive(client, r, true, 5000);
+  assert.ok((await getDesired(client, v2)).value >= 1);
+  assert.equal((await scaler.model('kw-v2')).reason, 'held_requests');
+
+  await redis.cli('DEL', 'thaw:held:kw-v2', 'thaw:held:kw-v1');
+  const t0 = Date.now();
+  await waitActive(client, v1, false, 3000);
+  const v1Ms = Date.now() - t0;
+  // Idle now, but kept warm: no idle gap seen yet, so the break-even is the
+  // prior, 1.5 x 2 s.
+  let last;
+  await waitUntil(async () => (last = await scaler.model('kw-v2')).reason === 'keep_warm', 3000,
+    { what: 'keep_warm' }).catch((e) => { e.message += `; last ${JSON.stringify(last)}`; throw e; });
+  assert.deepEqual(await client.isActive(v2), { result: true });
+  assert.equal((await getDesired(client, v2)).value, 1);
+  await waitActive(client, v2, false, 8000);
+  const v2Ms = Date.now() - t0;
+  assert.ok(v1Ms < 1500, `v1 inactive after ${v1Ms} ms`);
+  assert.ok(v2Ms >= 2500 && v2Ms < 5000, `v2 kept warm ${v2Ms} ms (want ~3000)`);
+  assert.equal((await getDesired(client, v2)).value, 0);
+});
+
 test('a wake PUBLISH reaches open StreamIsActive streams as true within 100 ms', async (t) => {
   const ref = scaledObjectRef('wake-so', { model: 'wake-m' });
   const s1 = client.streamIsActive(ref);

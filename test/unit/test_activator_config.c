@@ -45,8 +45,8 @@ static void test_full(void **state)
     assert_int_equal(m1->max_held_requests, 10);
     assert_int_equal(m2->max_held_requests, 1000);
     assert_int_equal(m1->max_concurrency_per_endpoint, 4);
-    assert_int_equal(m1->probe_initial_ms, 50);
-    assert_int_equal(m1->probe_max_ms, 1000);
+    assert_int_equal(m1->probe_initial_ms, 10);
+    assert_int_equal(m1->probe_max_ms, 25);
     assert_int_equal(m1->naliases, 1);
     assert_int_equal(m1->nwake_with, 1);
     assert_null(m2->backend);

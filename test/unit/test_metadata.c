@@ -141,6 +141,73 @@ static void test_metric_name_and_equal(void **unused)
     metadata_spec_finish(&b);
 }
 
+/* The policy keys: v2 defaults, every knob settable in its unit, bounds
+ * named in the error, v1 selectable, and the scaler's scale-down default. */
+static void test_policy_keys(void **unused)
+{
+    struct scaler_spec s;
+    struct policy_params p, def;
+    char err[256];
+    policy_params_defaults(&def);
+    assert_int_equal(PARSE(&s, err, "model", "m", "targetTokensPerSecond", "500"), 0);
+    assert_false(s.policy_v1);
+    metadata_policy_params(&s, 123000, &p);
+    assert_true(p.target_tokens_per_second == 500);
+    assert_true(p.cold_start_ms == def.cold_start_ms);
+    assert_true(p.target_utilisation == def.target_utilisation);
+    assert_true(p.keep_warm_cost == def.keep_warm_cost);
+    assert_true(p.scale_down_window_ms == 123000); /* the scaler's flag */
+    metadata_spec_finish(&s);
+
+    assert_int_equal(PARSE(&s, err, "model", "m", "coldStartSeconds", "2.5", "targetUtilisation",
+                           "0.7", "trendWindowSeconds", "0", "rateWindowSeconds", "30",
+                           "queueWindowSeconds", "10", "keepWarmCost", "0", "keepWarmMaxSeconds",
+                           "600", "surgeHoldSeconds", "5", "tokensPerRequest", "128",
+                           "drainTimeFactor", "0.5", "wakeBacklogShare", "1",
+                           "scaleDownWindowSeconds", "20"),
+                     0);
+    metadata_policy_params(&s, 123000, &p);
+    assert_true(p.cold_start_ms == 2500);
+    assert_true(p.target_utilisation == 0.7);
+    assert_true(p.trend_window_ms == 0);
+    assert_true(p.rate_window_ms == 30000);
+    assert_true(p.queue_window_ms == 10000);
+    assert_true(p.keep_warm_cost == 0);
+    assert_true(p.keep_warm_max_ms == 600000);
+    assert_true(p.surge_hold_ms == 5000);
+    assert_true(p.tokens_per_request == 128);
+    assert_true(p.drain_time_factor == 0.5);
+    assert_true(p.wake_backlog_share == 1);
+    assert_true(p.scale_down_window_ms == 20000);
+    struct scaler_spec t;
+    assert_int_equal(PARSE(&t, err, "model", "m", "coldStartSeconds", "2.5"), 0);
+    assert_false(metadata_spec_equal(&s, &t)); /* a knob change is a spec change */
+    metadata_spec_finish(&t);
+    metadata_spec_finish(&s);
+
+    assert_int_equal(PARSE(&s, err, "model", "m", "policy", "v1", "coldStartSeconds", "9"), 0);
+    assert_true(s.policy_v1);
+    struct policy_params v1;
+    policy_params_v1(&v1);
+    metadata_policy_params(&s, 300000, &p);
+    assert_true(p.cold_start_ms == v1.cold_start_ms); /* v2 knobs unused by v1 */
+    assert_true(p.target_utilisation == v1.target_utilisation);
+    assert_true(p.keep_warm_cost == 0);
+    assert_true(p.scale_down_window_ms == 300000);
+    metadata_spec_finish(&s);
+
+    assert_int_equal(PARSE(&s, err, "model", "m", "policy", "v3"), -1);
+    assert_string_equal(err, "metadata key 'policy': expected 'v2' or 'v1', got 'v3'");
+    assert_int_equal(PARSE(&s, err, "model", "m", "targetUtilisation", "0"), -1);
+    assert_string_equal(err, "metadata key 'targetUtilisation': expected a number in (0, 1], got '0'");
+    assert_int_equal(PARSE(&s, err, "model", "m", "targetUtilisation", "1.5"), -1);
+    assert_int_equal(PARSE(&s, err, "model", "m", "coldStartSeconds", "-1"), -1);
+    assert_non_null(strstr(err, "'coldStartSeconds'"));
+    assert_int_equal(PARSE(&s, err, "model", "m", "scaleDownWindowSeconds", "x"), -1);
+    assert_non_null(strstr(err, "'scaleDownWindowSeconds'"));
+    assert_int_equal(PARSE(&s, err, "model", "m", "tokensPerRequest", "0"), -1);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -149,6 +216,7 @@ int main(void)
         cmocka_unit_test(test_errors_name_the_key),
         cmocka_unit_test(test_out_of_memory),
         cmocka_unit_test(test_metric_name_and_equal),
+        cmocka_unit_test(test_policy_keys),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

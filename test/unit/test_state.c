@@ -31,13 +31,16 @@ static const struct scaler_state_config cfg = {
     .target_expiry_ms = 60000,
 };
 
+/* Policy v1: these tests are about the state's bookkeeping, and v1's plain
+ * arithmetic keeps their expected numbers obvious (test_policy covers v2;
+ * test_policy_v2_reaches_the_decision below checks the state passes it on). */
 static struct scaler_spec spec_for(const char *model, const char *key)
 {
     struct scaler_spec s;
     char err[128];
-    const char *k[] = {"model", "redisKey"};
-    const char *v[] = {model, key};
-    assert_int_equal(metadata_parse(k, v, key ? 2 : 1, &s, NULL, NULL, err, sizeof(err)), 0);
+    const char *k[] = {"model", "policy", "redisKey"};
+    const char *v[] = {model, "v1", key};
+    assert_int_equal(metadata_parse(k, v, key ? 3 : 2, &s, NULL, NULL, err, sizeof(err)), 0);
     return s;
 }
 
@@ -222,6 +225,37 @@ static void test_out_of_memory_never_crashes(void **unused)
     metadata_spec_finish(&a);
 }
 
+/* The spec's policy (v2 by default, knobs from the metadata) is what decides:
+ * the utilisation target sizes up, and an idle model is kept warm for
+ * coldStartSeconds x keepWarmCost before going inactive. */
+static void test_policy_v2_reaches_the_decision(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    struct scaler_spec a;
+    char err[128];
+    const char *k[] = {"model", "coldStartSeconds", "surgeHoldSeconds", "trendWindowSeconds"};
+    const char *v[] = {"m1", "10", "0", "0"};
+    assert_int_equal(metadata_parse(k, v, 4, &a, NULL, NULL, err, sizeof(err)), 0);
+    struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    queues_empty(st, 1);
+    long long held = 0;
+    scaler_state_held_ok(st, &held, 1, 1);
+    struct prom_sample s[] = {{"m1", 3000}};
+    scaler_state_prom_ok(st, s, 1, 100);
+    /* ceil(3000 / (1000 x 0.86)) = 4, where v1 says 3 */
+    assert_int_equal(target_decision(t)->desired, 4);
+    struct prom_sample zero[] = {{"m1", 0}};
+    scaler_state_prom_ok(st, zero, 1, 1000);
+    assert_true(target_decision(t)->active);
+    scaler_state_tick(st, 1000 + 14000);
+    assert_true(target_decision(t)->active);
+    assert_int_equal(target_decision(t)->reason, POLICY_REASON_KEEP_WARM);
+    scaler_state_tick(st, 1000 + 16000);
+    assert_false(target_decision(t)->active);
+    metadata_spec_finish(&a);
+    scaler_state_free(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -230,6 +264,7 @@ int main(void)
         cmocka_unit_test(test_fail_safe_and_staleness),
         cmocka_unit_test(test_spec_change_and_gc),
         cmocka_unit_test(test_out_of_memory_never_crashes),
+        cmocka_unit_test(test_policy_v2_reaches_the_decision),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

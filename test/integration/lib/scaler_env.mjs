@@ -93,10 +93,14 @@ export async function startScaler(opts = {}) {
 
 /**
  * A ScaledObjectRef as KEDA sends it: scalerMetadata holds the trigger's
- * metadata (all strings), KEDA's scalerAddress included.
+ * metadata (all strings), KEDA's scalerAddress included; policy v1 unless the
+ * metadata names one.
  */
 export function scaledObjectRef(name, metadata, namespace = 'default') {
-  const md = { scalerAddress: 'thaw-scaler.keda:9090' };
+  // Signal and protocol tests assert v1's plain arithmetic (desired follows
+  // the inputs at once, inactive as soon as they are); tests of policy v2,
+  // the default, say policy: 'v2'.
+  const md = { scalerAddress: 'thaw-scaler.keda:9090', policy: 'v1' };
   for (const [k, v] of Object.entries(metadata)) md[k] = String(v);
   return { name, namespace, scalerMetadata: md };
 }
