@@ -782,8 +782,25 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
             "tokensPerSecond", t->spec.target_tokens_per_second, "queueLength",
             t->spec.target_queue_length, "activationTokenRate", t->spec.activation_token_rate,
             "activationQueueLength", t->spec.activation_queue_length);
-        if (o)
+        if (o) {
+            /* The policy in force and what it has learned, so "why this
+             * many replicas" can be answered without reading the metadata. */
+            struct policy_params p;
+            metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms, &p);
+            json_t *pol = json_pack("{s:s, s:f, s:f, s:f}", "name",
+                                    t->spec.policy_v1 ? "v1" : "v2", "coldStartSeconds",
+                                    (double)p.cold_start_ms / 1000.0, "targetUtilisation",
+                                    p.target_utilisation, "scaleDownWindowSeconds",
+                                    (double)p.scale_down_window_ms / 1000.0);
+            if (pol) {
+                /* null until the model has been busy and gone idle once */
+                int64_t kw = t->spec.policy_v1 ? 0 : t->pstate.keep_warm_ms;
+                json_object_set_new(pol, "keepWarmSeconds",
+                                    kw >= 0 ? json_real((double)kw / 1000.0) : json_null());
+                json_object_set_new(o, "policy", pol);
+            }
             json_array_append_new(arr, o);
+        }
     }
     char *text = arr ? json_dumps(arr, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
     if (text) {

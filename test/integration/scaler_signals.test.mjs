@@ -253,6 +253,12 @@ test('policy v2 from the metadata: keep-warm lasts coldStartSeconds x keepWarmCo
     { what: 'keep_warm' }).catch((e) => { e.message += `; last ${JSON.stringify(last)}`; throw e; });
   assert.deepEqual(await client.isActive(v2), { result: true });
   assert.equal((await getDesired(client, v2)).value, 1);
+  // /models says which policy decides and what it learned.
+  assert.deepEqual(last.policy, {
+    name: 'v2', coldStartSeconds: 2, targetUtilisation: last.policy.targetUtilisation,
+    scaleDownWindowSeconds: 0, keepWarmSeconds: 3,
+  });
+  assert.equal((await scaler.model('kw-v1')).policy.name, 'v1');
   await waitActive(client, v2, false, 8000);
   const v2Ms = Date.now() - t0;
   assert.ok(v1Ms < 1500, `v1 inactive after ${v1Ms} ms`);
