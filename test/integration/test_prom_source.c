@@ -13,31 +13,15 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
-#include <fcntl.h>
 #include <unistd.h>
 
 #include "alloc.h"
 #include "clock.h"
+#include "peer_proc.h"
 #include "prom_source.h"
-
-static int passed;
-static int failed;
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            passed++;                                                                      \
-        } else {                                                                           \
-            failed++;                                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
-    } while (0)
 
 /* ---------------------------------------------------------------- prometheus */
 
@@ -46,52 +30,14 @@ static char tmpdir[256];
 static volatile pid_t prom_pid = -1;
 static int prom_port;
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sa);
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    close(fd);
-    return port;
-}
-
 static void stop_prometheus(void)
 {
-    pid_t pid = prom_pid;
-    if (pid <= 0)
-        return;
-    kill(pid, SIGTERM);
-    int64_t deadline = clock_mono_ms() + 10000;
-    while (clock_mono_ms() < deadline) {
-        if (waitpid(pid, NULL, WNOHANG) == pid) {
-            prom_pid = -1;
-            return;
-        }
-        usleep(20000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    prom_pid = -1;
+    peer_stop(&prom_pid, SIGTERM, 10000);
 }
 
 static void remove_tmpdir(void)
 {
-    if (!tmpdir[0])
-        return;
-    pid_t pid = fork();
-    if (pid == 0) {
-        execlp("rm", "rm", "-rf", tmpdir, (char *)NULL);
-        _exit(127);
-    }
-    if (pid > 0)
-        waitpid(pid, NULL, 0);
-    tmpdir[0] = '\0';
+    peer_remove_dir(tmpdir);
 }
 
 static void cleanup(void)
@@ -116,14 +62,7 @@ static void dump_prom_log(void)
 {
     char path[512];
     snprintf(path, sizeof(path), "%s/prometheus.log", tmpdir);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return;
-    char line[1024];
-    fprintf(stderr, "---- prometheus.log ----\n");
-    while (fgets(line, sizeof(line), f))
-        fputs(line, stderr);
-    fclose(f);
+    peer_dump_log(path);
 }
 
 /* Blocking probe is fine here: it runs before/after the loop work. */
@@ -166,22 +105,10 @@ static int start_prometheus(int port)
     snprintf(a_data, sizeof(a_data), "--storage.tsdb.path=%s", data);
     snprintf(a_listen, sizeof(a_listen), "--web.listen-address=%s", listen);
 
-    pid_t pid = fork();
+    char *const argv[] = {"prometheus", a_cfg, a_data, a_listen, "--log.level=warn", NULL};
+    pid_t pid = peer_spawn(logpath, prom_bin, argv);
     if (pid < 0)
         return -1;
-    if (pid == 0) {
-        /* Dies with us even if we are SIGKILLed by the test harness. */
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        int fd = open(logpath, O_WRONLY | O_CREAT | O_APPEND, 0644);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execl(prom_bin, "prometheus", a_cfg, a_data, a_listen, "--log.level=warn",
-              (char *)NULL);
-        _exit(127);
-    }
     prom_pid = pid;
     int64_t deadline = clock_mono_ms() + 40000;
     while (clock_mono_ms() < deadline) {
@@ -687,7 +614,7 @@ static void test_alloc_failure_io(struct event_base *base, int port)
 
 static void test_closed_port(struct event_base *base)
 {
-    int port = free_port();
+    int port = peer_free_port();
     char url[128], err[256];
     snprintf(url, sizeof(url), "http://127.0.0.1:%d", port);
     struct prom_source *s = prom_source_new(base, url, 2000, err, sizeof(err));
@@ -743,7 +670,7 @@ int main(void)
 
     int started = -1;
     for (int attempt = 0; attempt < 3 && started != 0; attempt++) {
-        prom_port = free_port();
+        prom_port = peer_free_port();
         started = start_prometheus(prom_port);
     }
     CHECK(started == 0, "prometheus did not start");
@@ -796,9 +723,9 @@ int main(void)
 
     event_base_free(base);
     curl_global_cleanup();
-    if (failed)
+    if (peer_checks_failed)
         dump_prom_log();
     cleanup();
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    printf("%d passed, %d failed\n", peer_checks_passed, peer_checks_failed);
+    return peer_checks_failed ? 1 : 0;
 }

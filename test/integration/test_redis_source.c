@@ -7,7 +7,6 @@
 #include <arpa/inet.h>
 #include <errno.h>
 #include <event2/event.h>
-#include <fcntl.h>
 #include <hiredis/hiredis.h>
 #include <inttypes.h>
 #include <limits.h>
@@ -17,7 +16,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -25,22 +23,8 @@
 
 #include "alloc.h"
 #include "clock.h"
+#include "peer_proc.h"
 #include "redis_source.h"
-
-static int passed;
-static int failed;
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            passed++;                                                                      \
-        } else {                                                                           \
-            failed++;                                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond);                \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
-    } while (0)
 
 /* '@' and '/' in the password exercise the URL parser (last '@', %2F). */
 #define PASSWORD "s3cr@t/pw"
@@ -58,52 +42,14 @@ static int reentrant_calls;
 
 /* ------------------------------------------------------------ redis process */
 
-static int free_port(void)
-{
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (fd < 0)
-        return -1;
-    struct sockaddr_in sa = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof(sa);
-    int port = -1;
-    if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    close(fd);
-    return port;
-}
-
 static void redis_stop(int sig)
 {
-    pid_t pid = redis_pid;
-    if (pid <= 0)
-        return;
-    kill(pid, sig);
-    int64_t deadline = clock_mono_ms() + 10000;
-    while (clock_mono_ms() < deadline) {
-        if (waitpid(pid, NULL, WNOHANG) == pid) {
-            redis_pid = -1;
-            return;
-        }
-        usleep(10000);
-    }
-    kill(pid, SIGKILL);
-    waitpid(pid, NULL, 0);
-    redis_pid = -1;
+    peer_stop(&redis_pid, sig, 10000);
 }
 
 static void remove_tmpdir(void)
 {
-    if (!tmpdir[0])
-        return;
-    pid_t pid = fork();
-    if (pid == 0) {
-        execlp("rm", "rm", "-rf", tmpdir, (char *)NULL);
-        _exit(127);
-    }
-    if (pid > 0)
-        waitpid(pid, NULL, 0);
-    tmpdir[0] = '\0';
+    peer_remove_dir(tmpdir);
 }
 
 static void on_fatal_signal(int sig)
@@ -122,14 +68,7 @@ static void dump_redis_log(void)
 {
     char path[512];
     snprintf(path, sizeof(path), "%s/redis.log", tmpdir);
-    FILE *f = fopen(path, "r");
-    if (!f)
-        return;
-    char line[1024];
-    fprintf(stderr, "---- redis.log ----\n");
-    while (fgets(line, sizeof(line), f))
-        fputs(line, stderr);
-    fclose(f);
+    peer_dump_log(path);
 }
 
 static bool reply_ok(redisReply *r)
@@ -166,24 +105,14 @@ static bool redis_start(void)
 {
     char portbuf[16];
     snprintf(portbuf, sizeof(portbuf), "%d", redis_port);
-    pid_t pid = fork();
+    char path[512];
+    snprintf(path, sizeof(path), "%s/redis.log", tmpdir);
+    char *const argv[] = {"redis-server", "--port", portbuf, "--bind", "127.0.0.1", "--save", "",
+                          "--appendonly", "no", "--dir", tmpdir, "--requirepass", PASSWORD,
+                          "--enable-debug-command", "local", NULL};
+    pid_t pid = peer_spawn(path, redis_bin, argv);
     if (pid < 0)
         return false;
-    if (pid == 0) {
-        prctl(PR_SET_PDEATHSIG, SIGKILL);
-        char path[512];
-        snprintf(path, sizeof(path), "%s/redis.log", tmpdir);
-        int fd = open(path, O_WRONLY | O_CREAT | O_APPEND, 0600);
-        if (fd >= 0) {
-            dup2(fd, 1);
-            dup2(fd, 2);
-            close(fd);
-        }
-        execl(redis_bin, "redis-server", "--port", portbuf, "--bind", "127.0.0.1", "--save", "",
-              "--appendonly", "no", "--dir", tmpdir, "--requirepass", PASSWORD,
-              "--enable-debug-command", "local", (char *)NULL);
-        _exit(127);
-    }
     redis_pid = pid;
     int64_t deadline = clock_mono_ms() + 10000;
     while (clock_mono_ms() < deadline) {
@@ -1037,7 +966,7 @@ int main(void)
     }
 
     test_url_errors();
-    redis_port = free_port();
+    redis_port = peer_free_port();
     bool up = redis_port > 0 && redis_start();
     CHECK(up, "redis-server did not start on port %d", redis_port);
     sc = up ? sync_connect() : NULL;
@@ -1064,11 +993,11 @@ int main(void)
     spin_for(20);
     if (sc)
         redisFree(sc);
-    if (failed)
+    if (peer_checks_failed)
         dump_redis_log();
     redis_stop(SIGTERM);
     remove_tmpdir();
     event_base_free(base);
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    printf("%d passed, %d failed\n", peer_checks_passed, peer_checks_failed);
+    return peer_checks_failed ? 1 : 0;
 }
