@@ -54,6 +54,8 @@ static const struct policy_key policy_keys[] = {
     PK("tokensPerRequest", tokens_per_request, KNOB_NUMBER, 0, 1e7, true),
     PK("drainTimeFactor", drain_time_factor, KNOB_NUMBER, 0, 100, true),
     PK("wakeBacklogShare", wake_backlog_share, KNOB_NUMBER, 0, 100, false),
+    PK("panicWindowSeconds", panic_window_ms, KNOB_SECONDS, 0, 3600, false),
+    PK("wakeRequestCost", wake_request_cost, KNOB_NUMBER, 0, 1e6, false),
 };
 #undef PK
 #define POLICY_KEYS (sizeof(policy_keys) / sizeof(policy_keys[0]))

@@ -44,12 +44,14 @@ void policy_params_defaults(struct policy_params *p)
     p->trend_window_ms = 240000;
     p->rate_window_ms = 60000;
     p->queue_window_ms = 45000;
-    p->keep_warm_cost = 1.5;
+    p->keep_warm_cost = 1;
     p->keep_warm_max_ms = 1800000;
     p->surge_hold_ms = 30000;
     p->tokens_per_request = 256;
     p->drain_time_factor = 0.33;
-    p->wake_backlog_share = 0.4;
+    p->wake_backlog_share = 1;
+    p->panic_window_ms = 0;
+    p->wake_request_cost = 0.5;
 }
 
 void policy_params_v1(struct policy_params *p)
@@ -76,6 +78,8 @@ void policy_state_init(struct policy_state *st)
     st->last_call_ms = NO_TIME;
     st->first_call_ms = NO_TIME;
     st->keep_warm_ms = -1; /* not computed yet */
+    st->over_since_ms = NO_TIME;
+    st->ep_empty_ms = NO_TIME;
 }
 
 /* Finite and non-negative, else 0: garbage from a source never scales. */
@@ -242,11 +246,11 @@ static int64_t queue_window(const struct policy_params *p)
 /* The smallest queue seen over the window: a burst that drains within it
  * does not count. Seconds without a reading are skipped; with no reading
  * older than half the window the current value stands. */
-static double queue_sustained(const struct policy_params *p, const struct policy_state *st,
-                              int64_t now_ms, double q)
+static double queue_sustained(int64_t window_ms, const struct policy_state *st, int64_t now_ms,
+                              double q)
 {
     int64_t now_slot = slot_of(now_ms, QUEUE_SLOT_MS);
-    int64_t span = queue_window(p) / QUEUE_SLOT_MS;
+    int64_t span = window_ms / QUEUE_SLOT_MS;
     if (span >= POLICY_QUEUE_SLOTS)
         span = POLICY_QUEUE_SLOTS - 1;
     double m = q;
@@ -331,16 +335,22 @@ static double held_growth(const struct policy_state *st, int64_t now_ms, double 
 
 /* ---- tokens per request ------------------------------------------------------ */
 
-/* The smallest recent estimate: every estimate is an upper bound (requests
- * that arrived after a wake's release add tokens but were never held).
- * Before any, 0. */
-static double kappa_learned(const struct policy_state *st)
+/* The median of the recent estimates (one per wake episode; robust to an
+ * episode that a second burst or a long output skewed). Before any, 0. */
+static double kappa_median(const struct policy_state *st)
 {
-    double k = 0;
-    for (int i = 0; i < st->nkappa; i++)
-        if (k == 0 || st->kappa[i] < k)
-            k = st->kappa[i];
-    return k;
+    double v[POLICY_KAPPAS];
+    int n = st->nkappa;
+    for (int i = 0; i < n; i++) {
+        double x = st->kappa[i];
+        int j = i;
+        for (; j > 0 && v[j - 1] > x; j--)
+            v[j] = v[j - 1];
+        v[j] = x;
+    }
+    if (n == 0)
+        return 0;
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
 static void kappa_record(struct policy_state *st, double k)
@@ -364,6 +374,15 @@ static void kappa_record(struct policy_state *st, double k)
 static void keep_warm_update(const struct policy_params *p, struct policy_state *st)
 {
     double k = p->keep_warm_cost * (double)p->cold_start_ms;
+    /* A wake also costs the requests it holds; per replica kept warm. */
+    if (p->wake_request_cost > 0 && st->nwake > 0) {
+        double held = 0;
+        for (int i = 0; i < st->nwake; i++)
+            held += st->wake_held[i];
+        held /= st->nwake;
+        double kept = st->idle_replicas > 1 ? (double)st->idle_replicas : 1;
+        k += p->wake_request_cost * 1000.0 * held / kept;
+    }
     double cap = (double)p->keep_warm_max_ms;
     if (cap < 0)
         cap = 0;
@@ -399,6 +418,34 @@ static void gap_record(const struct policy_params *p, struct policy_state *st, i
     keep_warm_update(p, st);
 }
 
+/* ---- overloads ----------------------------------------------------------------- */
+
+static void overload_record(struct policy_state *st, int64_t dur_ms)
+{
+    st->over_ms[st->over_next] = dur_ms > INT32_MAX ? INT32_MAX : (int32_t)dur_ms;
+    st->over_next = (st->over_next + 1) % POLICY_OVERLOADS;
+    if (st->nover < POLICY_OVERLOADS)
+        st->nover++;
+}
+
+/* An overload that has lasted elapsed_ms is worth replicas a cold start
+ * away when most past overloads that lasted as long went on for another
+ * cold start (they would have arrived in time), or when none lasted as
+ * long (something new: a step, not a burst). */
+static bool overload_outlasts(const struct policy_params *p, const struct policy_state *st,
+                              int64_t elapsed_ms)
+{
+    int as_long = 0, longer = 0;
+    for (int i = 0; i < st->nover; i++) {
+        if (st->over_ms[i] > elapsed_ms) {
+            as_long++;
+            if (st->over_ms[i] > elapsed_ms + p->cold_start_ms)
+                longer++;
+        }
+    }
+    return as_long == 0 || 2 * longer >= as_long;
+}
+
 /* ---- the decision ------------------------------------------------------------ */
 
 void policy_decide(const struct policy_params *p, struct policy_state *st,
@@ -430,9 +477,12 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         st->seen_busy = true;
     } else if (!busy && (st->busy || st->idle_since_ms == NO_TIME)) {
         st->idle_since_ms = now_ms;
-        /* An episode ends at idle: its tokens per held request. */
-        if (st->episode && st->ep_requests > 0)
-            kappa_record(st, st->ep_tokens / st->ep_requests);
+        if (p->wake_request_cost > 0) {
+            st->idle_replicas = st->has_decision ? st->last.desired : 1;
+            keep_warm_update(p, st);
+        }
+        /* An episode ends at idle; one that never saw its backlog gone for
+         * a rate window teaches nothing. */
         st->episode = false;
     }
     st->busy = busy;
@@ -445,6 +495,7 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
             st->wake_peak_held = 0;
             for (int i = 0; i < POLICY_HELD_SLOTS; i++)
                 st->held_slot[i] = NO_SLOT;
+            st->ep_empty_ms = NO_TIME;
             if (!st->episode) {
                 st->episode = true;
                 st->ep_tokens = 0;
@@ -453,6 +504,7 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         }
         if (h > st->wake_peak_held)
             st->wake_peak_held = h;
+        st->wake_lambda = held_growth(st, now_ms, h);
         int32_t hs = slot_of(now_ms, HELD_SLOT_MS);
         st->held_slot[slot_index(hs, POLICY_HELD_SLOTS)] = hs;
         st->held_hist[slot_index(hs, POLICY_HELD_SLOTS)] = (float)h;
@@ -460,15 +512,37 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         st->waking = false;
         st->wake_release_ms = now_ms;
         st->ep_requests += st->wake_peak_held;
+        st->ep_lambda = st->wake_lambda;
+        st->ep_empty_ms = NO_TIME;
+        st->wake_held[st->wake_next] = st->wake_peak_held;
+        st->wake_next = (st->wake_next + 1) % POLICY_WAKES;
+        if (st->nwake < POLICY_WAKES)
+            st->nwake++;
     }
     if (st->episode)
         st->ep_tokens += r * dt;
+    /* The episode's requests are the held ones plus those arriving after
+     * the release at the rate they were arriving at it, until the backlog
+     * is first gone; its tokens are what the rate shows until then, plus
+     * one rate window for the rate to catch up. Later tokens belong to
+     * requests not counted. */
+    if (st->episode && !st->waking && st->wake_release_ms != NO_TIME) {
+        if (q + h <= 0 && st->ep_empty_ms == NO_TIME)
+            st->ep_empty_ms = now_ms;
+        if (st->ep_empty_ms != NO_TIME && now_ms - st->ep_empty_ms >= p->rate_window_ms) {
+            double after_s = (double)(st->ep_empty_ms - st->wake_release_ms) / 1000.0;
+            double n = st->ep_requests + st->ep_lambda * (after_s > 0 ? after_s : 0);
+            if (n > 0)
+                kappa_record(st, st->ep_tokens / n);
+            st->episode = false;
+        }
+    }
 
     struct policy_decision d = {0};
     /* Without a request-size model (tokens_per_request 0) the queue and the
      * held requests are only counted, as in policy v1. */
     bool counts_only = !(p->tokens_per_request > 0);
-    double kappa = kappa_learned(st);
+    double kappa = kappa_median(st);
     if (!(kappa > 0))
         kappa = p->tokens_per_request;
     if (counts_only)
@@ -495,16 +569,38 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
      * cleared within drain_time_factor cold starts, unless a wake just
      * released it (the wake term was sized for it) or it drains by itself
      * before a new replica could be ready. */
-    double q_sust = queue_sustained(p, st, now_ms, q + h);
+    double q_sust = queue_sustained(queue_window(p), st, now_ms, q + h);
     bool grace = st->waking || (st->wake_release_ms != NO_TIME &&
                                 now_ms - st->wake_release_ms < p->cold_start_ms);
+    /* Overloads (backlog above Q outside wakes) and their durations. */
+    bool over = !grace && qlen > 0 && q + h > qlen;
+    if (over && st->over_since_ms == NO_TIME)
+        st->over_since_ms = now_ms;
+    else if (!over && st->over_since_ms != NO_TIME) {
+        overload_record(st, now_ms - st->over_since_ms);
+        st->over_since_ms = NO_TIME;
+    }
+    /* Panic: a backlog that lasted the panic window counts before the
+     * queue window when this overload is likely to outlast a cold start. */
+    int64_t qwin = queue_window(p);
+    if (p->panic_window_ms > 0 && over) {
+        bool worth = overload_outlasts(p, st, now_ms - st->over_since_ms);
+        if (worth && p->panic_window_ms < qwin &&
+            now_ms - st->over_since_ms >= p->panic_window_ms) {
+            double qp = queue_sustained(p->panic_window_ms, st, now_ms, q + h);
+            if (qp > q_sust) {
+                q_sust = qp;
+                qwin = p->panic_window_ms;
+            }
+        }
+    }
     if (grace || queue_drains_alone(p, st, now_ms, q + h))
         q_sust = 0;
     double extra = 0;
     if (q_sust > 0 && cap > 0) {
         /* A queue that keeps growing over the short window means demand
          * exceeds capacity now, well before the rate window shows it. */
-        double g = queue_growth(st, now_ms, queue_window(p), q + h);
+        double g = queue_growth(st, now_ms, qwin, q + h);
         double fast = (r + kappa * (g > 0 ? g : 0)) / cap;
         if (fast > d_fc)
             extra = fast - d_fc;

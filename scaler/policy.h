@@ -12,22 +12,28 @@
  *   surge    = ceil(D / (C u) + B / Q) and the wake term, held at their max
  *              over surge_hold_ms (a backlog is transient: no long hold)
  *   wake term (nothing ready, h requests held, growing at lambda lately):
- *              the backlog at release, h + lambda x (cold start left), served
- *              within one cold start (held requests' objective is arrival +
- *              cold start): ceil(h_release x kappa / (C u x cold start)),
- *              kappa = tokens per request learned from earlier wakes (min over
- *              the last ones of episode tokens / requests held), else the
- *              tokens_per_request prior
+ *              lambda plus wake_backlog_share x the backlog at release
+ *              (h + lambda x cold start left) per cold start, in replicas:
+ *              x kappa / (C u); kappa = tokens per request, the median of
+ *              the last wake episodes' estimates (tokens the rate showed
+ *              from the release until one rate window after the backlog was
+ *              first gone, over the requests held plus those arriving at
+ *              lambda until then), else the tokens_per_request prior
  *   B        = 0 for one cold start after a wake's backlog is released (the
  *              wake term sized for it), and 0 while the queue drains on its
  *              own faster than a new replica could start
+ *   panic    (panic_window_ms > 0): a backlog above Q for the panic window
+ *              counts before queue_window_ms when most past overloads that
+ *              lasted as long went on for another cold start, or none did
  *   desired  = max(level, surge, active ? 1 : 0)
  *   active   = busy, or idle for less than the keep-warm time
  *   busy     = r > activation_token_rate || queue > activation_queue_length
  *              || held > 0
  *   keep-warm: the T minimising the cost of the last idle gaps g_i,
- *              sum(g_i <= T ? g_i : T + keep_warm_cost x cold_start_ms);
- *              cold_start_ms x keep_warm_cost before any gap was seen
+ *              sum(g_i <= T ? g_i : T + K), K = keep_warm_cost x cold_start_ms
+ *              + wake_request_cost x (mean requests held by the last wakes)
+ *              / (replicas when going idle): a wake costs the replicas'
+ *              loading time and the requests it holds; K before any gap
  *              (the ski-rental break-even).
  * Fail-safe: while any input is stale (its source failing), the decision never
  * goes down: desired >= the last desired, and a model last seen active stays
@@ -46,6 +52,7 @@
 #define POLICY_QUEUE_SLOTS 64   /* queue history, one slot per 2 s */
 #define POLICY_GAPS 32          /* idle gaps remembered for keep-warm */
 #define POLICY_HELD_SLOTS 16    /* held history during a wake, one slot per 2 s */
+#define POLICY_OVERLOADS 16     /* overload (backlog above Q) durations remembered */
 
 struct policy_params {
     double target_tokens_per_second; /* > 0: tokens/s one replica sustains */
@@ -65,6 +72,11 @@ struct policy_params {
     double tokens_per_request;       /* > 0: prior of the tokens one request costs */
     double drain_time_factor;        /* > 0: clear a backlog within this x cold start */
     double wake_backlog_share;       /* >= 0: share of a wake's backlog cleared per cold start */
+    int64_t panic_window_ms;         /* >= 0; 0 = off: a backlog above Q for this long counts
+                                      * before queue_window_ms when past overloads that lasted
+                                      * as long mostly outlasted one more cold start */
+    double wake_request_cost;        /* >= 0: GPU-seconds one request held by a wake costs,
+                                      * added to a cold start's cost in the keep-warm choice */
 };
 
 /* Fills every field with its default (the benchmark's choice, see
@@ -107,6 +119,7 @@ struct policy_decision {
 };
 
 #define POLICY_KAPPAS 8      /* tokens-per-request estimates remembered */
+#define POLICY_WAKES 8       /* wakes' held counts remembered, for keep-warm */
 
 /* A sliding maximum over a time window, in buckets. */
 struct policy_window {
@@ -147,10 +160,21 @@ struct policy_state {
     bool episode;                /* a wake started it and it is not idle yet */
     double ep_tokens;            /* integral of the token rate over the episode */
     double ep_requests;          /* requests held during its wakes */
+    int64_t ep_empty_ms;         /* backlog first empty after the last release, or NO_TIME */
+    double wake_lambda;          /* held requests' arrival rate, per second, while waking */
+    double ep_lambda;            /* the same at the episode's last release */
     int64_t last_call_ms;
     int64_t first_call_ms;
     double kappa[POLICY_KAPPAS]; /* tokens per request, one per episode */
     int nkappa, kappa_next;
+    /* Overloads: periods with the backlog above Q (outside wakes). */
+    int64_t over_since_ms;
+    int32_t over_ms[POLICY_OVERLOADS];
+    int nover, over_next;
+    /* Requests held by the last wakes (their peak), for keep-warm. */
+    double wake_held[POLICY_WAKES];
+    int nwake, wake_next;
+    long idle_replicas;          /* replicas when the model last went idle */
 };
 
 void policy_state_init(struct policy_state *st);

@@ -156,6 +156,10 @@ static int apply_thaw_overrides(const char *spec, struct sim_config *sc, char *e
             p->drain_time_factor = v;
         else if (strcmp(kv, "surge_hold_s") == 0)
             p->surge_hold_ms = (int64_t)(v * 1000);
+        else if (strcmp(kv, "panic_window_s") == 0)
+            p->panic_window_ms = (int64_t)(v * 1000);
+        else if (strcmp(kv, "wake_request_cost") == 0)
+            p->wake_request_cost = v;
         else if (strcmp(kv, "cold_start_s") == 0)
             p->cold_start_ms = (int64_t)(v * 1000);
         else if (strcmp(kv, "keda_polling_s") == 0)

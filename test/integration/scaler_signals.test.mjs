@@ -229,9 +229,11 @@ test('held requests: fresh fields sum, stale ones are ignored, and they age out'
 });
 
 test('policy v2 from the metadata: keep-warm lasts coldStartSeconds x keepWarmCost; v1 goes inactive at once', async () => {
-  // surgeHoldSeconds 0: the wake's replica is not held on after the wake.
+  // surgeHoldSeconds 0: the wake's replica is not held on after the wake;
+  // wakeRequestCost 0: the held requests add nothing to the break-even.
   const v2 = scaledObjectRef('kw-v2', {
     model: 'kw-v2', policy: 'v2', coldStartSeconds: 2, keepWarmCost: 1.5, surgeHoldSeconds: 0,
+    wakeRequestCost: 0,
   });
   const v1 = scaledObjectRef('kw-v1', { model: 'kw-v1' });
   for (const r of [v2, v1]) await client.getMetricSpec(r);

@@ -164,7 +164,8 @@ static void test_policy_keys(void **unused)
                            "queueWindowSeconds", "10", "keepWarmCost", "0", "keepWarmMaxSeconds",
                            "600", "surgeHoldSeconds", "5", "tokensPerRequest", "128",
                            "drainTimeFactor", "0.5", "wakeBacklogShare", "1",
-                           "scaleDownWindowSeconds", "20"),
+                           "scaleDownWindowSeconds", "20", "panicWindowSeconds", "12.5",
+                           "wakeRequestCost", "2"),
                      0);
     metadata_policy_params(&s, 123000, &p);
     assert_true(p.cold_start_ms == 2500);
@@ -179,6 +180,8 @@ static void test_policy_keys(void **unused)
     assert_true(p.drain_time_factor == 0.5);
     assert_true(p.wake_backlog_share == 1);
     assert_true(p.scale_down_window_ms == 20000);
+    assert_true(p.panic_window_ms == 12500);
+    assert_true(p.wake_request_cost == 2);
     struct scaler_spec t;
     assert_int_equal(PARSE(&t, err, "model", "m", "coldStartSeconds", "2.5"), 0);
     assert_false(metadata_spec_equal(&s, &t)); /* a knob change is a spec change */

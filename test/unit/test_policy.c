@@ -216,6 +216,8 @@ static struct policy_params v2(void)
     p.keep_warm_max_ms = 1800000;
     p.drain_time_factor = 1;
     p.wake_backlog_share = 0;
+    p.panic_window_ms = 0;
+    p.wake_request_cost = 0;
     return p;
 }
 
@@ -347,20 +349,108 @@ static void test_tokens_per_request_learned_from_a_wake(void **unused)
     struct policy_state st;
     policy_state_init(&st);
     int64_t t = 0;
-    /* A wake holding 10 requests, released, then 200 tokens/s for 30 s:
-     * 6000 tokens / 10 requests = 600 tokens per request. */
+    /* A wake holding 10 requests, released with nothing left queued, then
+     * 200 tokens/s for 30 s and 100 tokens/s after: the estimate closes one
+     * rate window (60 s) after the backlog was gone, 200 x 30 + 100 x 30 =
+     * 9000 tokens over 10 requests = 900 tokens per request. The tokens after
+     * that window belong to requests that were never held. */
     for (; t <= 5; t++)
         run(&p, &st, 0, 0, 10, t * 1000);
-    for (; t <= 35; t++)
+    for (; t < 36; t++)
         run(&p, &st, 200, 0, 0, t * 1000);
+    for (; t < 200; t++)
+        run(&p, &st, 100, 0, 0, t * 1000);
     struct policy_decision d = run(&p, &st, 0, 0, 0, t * 1000);
     assert_true(d.active); /* idle, kept warm */
-    /* Much later a wake with 1 request/s: 1 x 600 / 100 = 6 replicas, where
-     * the 100-token prior would give 1. */
+    /* Much later a wake with 1 request/s: 1 x 900 / 100 = 9 replicas, where
+     * the 100-token prior would give 1 (and counting to the idle, 2x more). */
     int64_t w = 10000;
     for (int k = 0; k <= 20; k++)
         d = run(&p, &st, 0, 0, 1 + k, (w + k) * 1000);
-    assert_int_equal(d.desired, 6);
+    assert_int_equal(d.desired, 9);
+}
+
+static void test_tokens_per_request_counts_arrivals_after_release(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    int64_t t = 0;
+    /* 2 requests/s held for 20 s (41 held), released into a queue that
+     * takes 10 s to empty while they keep arriving: 41 + 2 x 10 = 61
+     * requests; 122 tokens/s for 70 s = 8540 tokens: 140 per request. */
+    for (; t <= 20; t++)
+        run(&p, &st, 0, 0, 1 + 2 * t, t * 1000);
+    for (int k = 0; k < 10; k++, t++)
+        run(&p, &st, 122, 40 - 4 * k, 0, t * 1000);
+    for (int k = 0; k <= 60; k++, t++)
+        run(&p, &st, 122, 0, 0, t * 1000);
+    for (; t < 300; t++)
+        run(&p, &st, 50, 0, 0, t * 1000);
+    /* A wake at 5 requests/s: 5 x 140 / 100 = 7 replicas. */
+    struct policy_decision d = {0};
+    int64_t w = 10000;
+    for (int k = 0; k <= 20; k++)
+        d = run(&p, &st, 0, 0, 1 + 5 * k, (w + k) * 1000);
+    assert_int_equal(d.desired, 7);
+}
+
+static void test_keep_warm_counts_held_requests(void **unused)
+{
+    struct policy_params p = v2();
+    p.wake_request_cost = 2; /* GPU-seconds per held request */
+    struct policy_state st;
+    policy_state_init(&st);
+    int64_t t = 0;
+    /* Wakes holding 30 requests each, 3 replicas when going idle, idle gaps
+     * of 100 s: K = 60 s + 2 s x 30 / 3 = 80 s < 100 s, so going cold
+     * at once is cheaper... */
+    for (int i = 0; i < 4; i++) {
+        for (int k = 0; k <= 5; k++)
+            run(&p, &st, 0, 0, 30, (t + k) * 1000);
+        run(&p, &st, 300, 0, 0, (t + 6) * 1000);
+        run(&p, &st, 0, 0, 0, (t + 7) * 1000);
+        t += 107;
+    }
+    for (int k = 0; k <= 5; k++)
+        run(&p, &st, 0, 0, 30, (t + k) * 1000);
+    run(&p, &st, 300, 0, 0, (t + 6) * 1000);
+    struct policy_decision d = run(&p, &st, 0, 0, 0, (t + 8) * 1000);
+    assert_false(d.active);
+    /* ... but with wakes holding 90 requests K = 120 s > 100 s: keep warm
+     * over the gaps. */
+    policy_state_init(&st);
+    t = 0;
+    for (int i = 0; i < 4; i++) {
+        for (int k = 0; k <= 5; k++)
+            run(&p, &st, 0, 0, 90, (t + k) * 1000);
+        run(&p, &st, 300, 0, 0, (t + 6) * 1000);
+        run(&p, &st, 0, 0, 0, (t + 7) * 1000);
+        t += 107;
+    }
+    for (int k = 0; k <= 5; k++)
+        run(&p, &st, 0, 0, 90, (t + k) * 1000);
+    run(&p, &st, 300, 0, 0, (t + 6) * 1000);
+    d = run(&p, &st, 0, 0, 0, (t + 8) * 1000);
+    assert_true(d.active);
+    d = run(&p, &st, 0, 0, 0, (t + 99) * 1000);
+    assert_true(d.active);
+    d = run(&p, &st, 0, 0, 0, (t + 110) * 1000);
+    assert_false(d.active); /* just over the gaps seen, not for ever */
+    /* Without the request cost the same wakes go cold at once. */
+    p.wake_request_cost = 0;
+    policy_state_init(&st);
+    t = 0;
+    for (int i = 0; i < 4; i++) {
+        for (int k = 0; k <= 5; k++)
+            run(&p, &st, 0, 0, 90, (t + k) * 1000);
+        run(&p, &st, 300, 0, 0, (t + 6) * 1000);
+        run(&p, &st, 0, 0, 0, (t + 7) * 1000);
+        t += 107;
+    }
+    run(&p, &st, 300, 0, 0, (t + 6) * 1000);
+    d = run(&p, &st, 0, 0, 0, (t + 8) * 1000);
+    assert_false(d.active);
 }
 
 static void test_keep_warm_break_even(void **unused)
@@ -442,6 +532,60 @@ static void test_v2_stale_hold(void **unused)
     assert_int_equal(d.reason, POLICY_REASON_STALE_HOLD);
 }
 
+/* A backlog above Q growing 2 requests/s from t0 with one replica's worth
+ * of rate; returns the decision at t0 + at_s. */
+static struct policy_decision overload(const struct policy_params *p, struct policy_state *st,
+                                       int64_t t0, int at_s)
+{
+    struct policy_decision d = {0};
+    for (int t = 0; t <= at_s; t++)
+        d = run(p, st, 100, 11 + 2.0 * t, 0, (t0 + t) * 1000);
+    return d;
+}
+
+static void test_panic_on_new_overloads_only(void **unused)
+{
+    struct policy_params p = v2();
+    p.queue_window_ms = 40000;
+    p.panic_window_ms = 10000;
+    struct policy_state st;
+    policy_state_init(&st);
+    for (int t = 0; t < 100; t++)
+        run(&p, &st, 100, 0, 0, (int64_t)t * 1000);
+    /* Nothing like it seen before: after the panic window the growth counts
+     * (demand 100 + 100 x 2 = 300 tokens/s), long before the queue window. */
+    struct policy_decision d = overload(&p, &st, 100, 14);
+    assert_true(d.desired >= 3);
+    assert_int_equal(d.reason, POLICY_REASON_QUEUE);
+    /* Without panic the same overload only counts after the queue window. */
+    struct policy_params off = p;
+    off.panic_window_ms = 0;
+    struct policy_state st2;
+    policy_state_init(&st2);
+    for (int t = 0; t < 100; t++)
+        run(&off, &st2, 100, 0, 0, (int64_t)t * 1000);
+    d = overload(&off, &st2, 100, 14);
+    assert_true(d.desired <= 2);
+
+    /* Overloads that all ended after 20 s, far shorter than a cold start:
+     * the next one is a burst like them until it outlasts them. */
+    policy_state_init(&st);
+    int64_t t0 = 0;
+    for (int i = 0; i < 6; i++, t0 += 200) {
+        for (int t = 0; t < 100; t++)
+            run(&p, &st, 100, 0, 0, (t0 + t) * 1000);
+        overload(&p, &st, t0 + 100, 20);
+        run(&p, &st, 100, 0, 0, (t0 + 121) * 1000); /* over after 21 s */
+    }
+    for (int t = 0; t < 100; t++)
+        run(&p, &st, 100, 0, 0, (t0 + t) * 1000);
+    d = overload(&p, &st, t0 + 100, 14);
+    assert_true(d.desired <= 2); /* like the bursts: no replicas */
+    for (int t = 15; t <= 26; t++)
+        d = run(&p, &st, 100, 11 + 2.0 * t, 0, (t0 + 100 + t) * 1000);
+    assert_true(d.desired >= 3); /* longer than every burst seen: panic */
+}
+
 /* The same traffic decided once a second or four times a second ends in
  * the same place: history lives in time slots, not in calls. */
 static void test_call_rate_does_not_matter(void **unused)
@@ -488,10 +632,13 @@ int main(void)
         cmocka_unit_test(test_backlog_that_drains_or_bursts_adds_nothing),
         cmocka_unit_test(test_wake_sized_by_arrivals),
         cmocka_unit_test(test_tokens_per_request_learned_from_a_wake),
+        cmocka_unit_test(test_tokens_per_request_counts_arrivals_after_release),
+        cmocka_unit_test(test_keep_warm_counts_held_requests),
         cmocka_unit_test(test_keep_warm_break_even),
         cmocka_unit_test(test_zero_forgets_the_windows),
         cmocka_unit_test(test_v2_stale_hold),
         cmocka_unit_test(test_call_rate_does_not_matter),
+        cmocka_unit_test(test_panic_on_new_overloads_only),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -233,9 +233,10 @@ static void test_policy_v2_reaches_the_decision(void **unused)
     struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
     struct scaler_spec a;
     char err[128];
-    const char *k[] = {"model", "coldStartSeconds", "surgeHoldSeconds", "trendWindowSeconds"};
-    const char *v[] = {"m1", "10", "0", "0"};
-    assert_int_equal(metadata_parse(k, v, 4, &a, NULL, NULL, err, sizeof(err)), 0);
+    const char *k[] = {"model", "coldStartSeconds", "surgeHoldSeconds", "trendWindowSeconds",
+                       "keepWarmCost"};
+    const char *v[] = {"m1", "10", "0", "0", "1.5"};
+    assert_int_equal(metadata_parse(k, v, 5, &a, NULL, NULL, err, sizeof(err)), 0);
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
     queues_empty(st, 1);
     long long held = 0;
