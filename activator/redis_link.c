@@ -13,6 +13,7 @@
 #include "alloc.h"
 #include "clock.h"
 #include "log.h"
+#include "redis_guard.h"
 
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
@@ -210,6 +211,12 @@ static void do_connect(struct redis_link *l)
     if (ac->err) {
         LOG_DEBUG("redis_connect_failed", "host=%s port=%d err=\"%s\"", l->host, l->port,
                   ac->errstr);
+        redisAsyncFree(ac);
+        schedule_retry(l);
+        return;
+    }
+    /* A huge array header from Redis must not cost GBs (common/redis_guard.h). */
+    if (redis_guard_install(ac->c.reader) != 0) {
         redisAsyncFree(ac);
         schedule_retry(l);
         return;

@@ -16,10 +16,12 @@
 
 #include "alloc.h"
 #include "log.h"
+#include "redis_guard.h"
 
 /* Redis runs a script to the end before serving anyone else: a bound on the
  * keys per call bounds that stall. Several calls still share one round trip. */
 #define RS_CHUNK_KEYS 1000
+_Static_assert(RS_CHUNK_KEYS <= REDIS_GUARD_MAX_ELEMENTS, "a batch reply must pass the guard");
 #define RS_BACKOFF_MIN_MS 100
 #define RS_BACKOFF_MAX_MS 5000
 #define RS_WAKE_CHANNEL "thaw:wake"
@@ -617,7 +619,13 @@ static void rs_conn_drop(struct rs_conn *c, const char *reason, bool in_hiredis)
     c->ac = NULL;
     if (ac) {
         ac->data = NULL; /* from here on its callbacks do nothing */
-        if (in_hiredis) {
+        if (in_hiredis && (ac->c.flags & REDIS_IN_CALLBACK)) {
+            /* Inside a reply callback hiredis frees it as the callback
+             * returns and reads nothing more. Deferring the free instead
+             * let hiredis go on parsing the buffer and free the context
+             * itself on the next bad reply: a double free (fuzz step). */
+            redisAsyncFree(ac);
+        } else if (in_hiredis) {
             if (c->reap_ac) /* an older one, long out of its callbacks */
                 redisAsyncFree(c->reap_ac);
             /* Stop its socket events: if the peer closed meanwhile, hiredis
@@ -956,6 +964,11 @@ static void rs_conn_start(struct rs_conn *c)
         set_err(why, sizeof why, "%s", ac && ac->errstr ? ac->errstr : "out of memory");
         if (ac)
             redisAsyncFree(ac);
+        goto fail;
+    }
+    if (redis_guard_install(ac->c.reader) != 0) { /* a huge array header must not cost GBs */
+        redisAsyncFree(ac);
+        set_err(why, sizeof why, "reply guard could not be installed");
         goto fail;
     }
     if (redisLibeventAttach(ac, src->base) != REDIS_OK) {

@@ -299,7 +299,12 @@ static void handle_get_metric_spec(void *ud, struct grpc_call *call, const uint8
         return;
     char name[256];
     metadata_metric_name(target_spec(t)->model, name, sizeof(name));
+    /* The INIT macro fills the deprecated targetSize field too, which clang
+     * (not gcc) reports; and we set it on purpose below. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     Externalscaler__MetricSpec spec = EXTERNALSCALER__METRIC_SPEC__INIT;
+#pragma GCC diagnostic pop
     Externalscaler__MetricSpec *specs[1] = {&spec};
     Externalscaler__GetMetricSpecResponse resp = EXTERNALSCALER__GET_METRIC_SPEC_RESPONSE__INIT;
     spec.metricname = name;
@@ -346,7 +351,11 @@ static void handle_get_metrics(void *ud, struct grpc_call *call, const uint8_t *
     externalscaler__get_metrics_request__free_unpacked(req, &pb_allocator);
 
     long desired = target_decision(t)->desired;
+    /* As above: the INIT macro fills the deprecated metricValue field. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
     Externalscaler__MetricValue value = EXTERNALSCALER__METRIC_VALUE__INIT;
+#pragma GCC diagnostic pop
     Externalscaler__MetricValue *values[1] = {&value};
     Externalscaler__GetMetricsResponse resp = EXTERNALSCALER__GET_METRICS_RESPONSE__INIT;
     value.metricname = name;

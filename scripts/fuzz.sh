@@ -10,9 +10,13 @@
 #   THAW_FUZZ_BUILD_DIR   build directory (default build-fuzz)
 #   THAW_FUZZ_RSS_MB      -rss_limit_mb (default 2048)
 #   THAW_FUZZ_TIMEOUT     -timeout per input in seconds (default 10)
+#   THAW_FUZZ_WORK_DIR    where found inputs and crashes go (default $BUILD/fuzz-work;
+#                         scripts/test.sh passes a temporary directory)
 #
-# Inputs the fuzzer finds go to $BUILD/fuzz-work/<target>/corpus (not into the
-# committed seed corpus); crashes to $BUILD/fuzz-work/<target>/artifacts/.
+# Inputs the fuzzer finds go to $WORK/<target>/corpus; the committed seeds
+# (test/fuzz/corpus, regressions) are only read: libFuzzer writes new and
+# reduced inputs to its first corpus directory alone. Crashes go to
+# $WORK/<target>/artifacts/. Only the fuzz_* executables asked for are built.
 # To keep a crash as a regression test: minimise it (the command is printed),
 # fix the code, then copy it to test/fuzz/regressions/<target>/.
 set -euo pipefail
@@ -29,6 +33,7 @@ shift || true
 BUILD=${THAW_FUZZ_BUILD_DIR:-build-fuzz}
 RSS_MB=${THAW_FUZZ_RSS_MB:-2048}
 TIMEOUT=${THAW_FUZZ_TIMEOUT:-10}
+WORK=${THAW_FUZZ_WORK_DIR:-$BUILD/fuzz-work}
 
 command -v clang >/dev/null 2>&1 || die "clang not found (scripts/install-deps.sh installs it)"
 rt=$(clang -print-file-name=libclang_rt.fuzzer-x86_64.a 2>/dev/null || true)
@@ -44,8 +49,6 @@ else
   CC=clang meson setup "$BUILD" -Dfuzz=true -Db_sanitize=address,undefined \
     -Db_lundef=false >/dev/null
 fi
-log "building $BUILD"
-meson compile -C "$BUILD" >/dev/null
 
 if [ "$#" -gt 0 ]; then
   targets=("$@")
@@ -54,6 +57,17 @@ else
   for d in test/fuzz/corpus/*/; do
     targets+=("$(basename "$d")")
   done
+fi
+build_targets=()
+for t in "${targets[@]}"; do
+  [[ "$t" =~ ^[a-z0-9_]+$ ]] || die "bad target name '$t'"
+  build_targets+=("test/fuzz/fuzz_$t:executable")
+done
+log "building $BUILD (${#targets[@]} fuzz targets)"
+mkdir -p "$WORK"
+if ! meson compile -C "$BUILD" "${build_targets[@]}" >"$WORK/build.log" 2>&1; then
+  tail -n 40 "$WORK/build.log" >&2
+  die "build failed (unknown target? full log: $WORK/build.log)"
 fi
 
 # Findings must stop the target: UBSan reports are fatal, leaks are checked.
@@ -69,7 +83,7 @@ summary=()
 for t in "${targets[@]}"; do
   exe="$BUILD/test/fuzz/fuzz_$t"
   [ -x "$exe" ] || die "no fuzzer $exe (unknown target '$t'?)"
-  work="$BUILD/fuzz-work/$t"
+  work="$WORK/$t"
   mkdir -p "$work/corpus" "$work/artifacts"
   args=(-max_total_time="$SECONDS_PER_TARGET" -timeout="$TIMEOUT" -rss_limit_mb="$RSS_MB"
         -print_final_stats=1 -artifact_prefix="$work/artifacts/")
@@ -101,6 +115,11 @@ for t in "${targets[@]}"; do
       log "  minimise:   $exe -minimize_crash=1 -max_total_time=60 $repro"
     fi
     log "  full log:   $logf"
+    # CI shows only the output: the stack and the input itself go there too.
+    tail -n 60 "$logf" | sed 's/^/    | /' >&2
+    if [ -n "$repro" ] && [ -f "$repro" ] && [ "$(stat -c %s "$repro")" -le 4096 ]; then
+      log "  reproducer (base64): $(base64 -w0 <"$repro")"
+    fi
     failed+=("$t")
     summary+=("$(printf '%-18s CRASH  execs=%-9s exec/s=%-7s cov=%-6s ft=%-6s %s' "$t" \
       "${execs:-?}" "${eps:-?}" "${cov:-?}" "${ft:-?}" "${repro:-$logf}")")

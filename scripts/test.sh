@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Runs the whole test suite from a clean clone: installs what it needs, builds,
-# then runs every test three ways:
+# then runs every test three ways and fuzzes briefly:
 #   1. the normal build (unit + integration suites, real redis/prometheus/gRPC peers);
 #   2. an ASan+UBSan build (same suites, `asan` test setup);
-#   3. the unit suite under valgrind (`valgrind` test setup).
+#   3. the unit suite under valgrind (`valgrind` test setup);
+#   4. a fuzz smoke: every libFuzzer target (clang, build-fuzz) for a few
+#      seconds, seeded from the committed corpus (scripts/fuzz.sh).
 # Exits non-zero if anything fails. Bounded: meson's per-test timeouts apply.
 #
 # Environment:
-#   THAW_TEST_QUICK=1   only step 1 (for a fast local loop)
+#   THAW_TEST_QUICK=1     only step 1 (for a fast local loop)
+#   THAW_FUZZ_SECONDS=N   seconds per fuzz target in step 4 (default 8)
 set -euo pipefail
 
 REPO_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -38,5 +41,21 @@ if [ "${THAW_TEST_QUICK:-0}" != 1 ]; then
 
   log "valgrind: unit suite"
   meson test -C build --setup valgrind --suite unit --print-errorlogs --num-processes 2
+
+  # Found inputs go to a temporary directory, never into the committed seeds;
+  # it is kept when something was found, for the reproducers.
+  log "fuzz smoke: every libFuzzer target for ${THAW_FUZZ_SECONDS:-8} s"
+  fuzz_work=$(mktemp -d "${TMPDIR:-/tmp}/thaw-fuzz.XXXXXX")
+  seeds() { find test/fuzz/corpus test/fuzz/regressions -type f -exec sha1sum {} + | sort; }
+  seeds_before=$(seeds)
+  if ! THAW_FUZZ_WORK_DIR="$fuzz_work" bash scripts/fuzz.sh "${THAW_FUZZ_SECONDS:-8}"; then
+    log "fuzz smoke failed: logs and reproducers kept in $fuzz_work"
+    exit 1
+  fi
+  if [ "$(seeds)" != "$seeds_before" ]; then
+    log "the fuzz smoke changed test/fuzz/corpus or test/fuzz/regressions"
+    exit 1
+  fi
+  rm -rf "$fuzz_work"
 fi
 log "all tests passed in $(( $(date +%s) - start )) s"

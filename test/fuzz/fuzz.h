@@ -57,13 +57,6 @@ long fuzz_oom_point(const uint8_t *data, size_t len);
  * aborts there; reported, not a fuzzing target.) */
 void fuzz_jansson_no_oom(void);
 
-/* True if data holds a RESP array header ("*<n>") declaring more than limit
- * elements anywhere. hiredis 0.14 allocates the declared number of element
- * pointers as soon as it reads the header and walks them all when it frees
- * the reply, so "*111111111\r\n" alone costs ~900 MB and seconds; the Redis
- * targets skip such inputs (reported; not Thaw's code). */
-bool fuzz_resp_huge_array(const uint8_t *data, size_t len, long limit);
-
 /* A NUL-terminated copy (plain malloc, never failing under injection; NULL
  * only if the process is out of memory, which the caller treats as "skip"). */
 char *fuzz_strndup(const uint8_t *data, size_t len);

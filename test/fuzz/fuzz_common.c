@@ -97,23 +97,6 @@ long fuzz_oom_point(const uint8_t *data, size_t len)
 
 void fuzz_jansson_no_oom(void) { json_set_alloc_funcs(malloc, free); }
 
-bool fuzz_resp_huge_array(const uint8_t *data, size_t len, long limit)
-{
-    for (size_t i = 0; i < len; i++) {
-        if (data[i] != '*')
-            continue;
-        long v = 0;
-        size_t k = i + 1;
-        while (k < len && data[k] >= '0' && data[k] <= '9') {
-            v = v * 10 + (data[k] - '0');
-            if (v > limit)
-                return true;
-            k++;
-        }
-    }
-    return false;
-}
-
 char *fuzz_strndup(const uint8_t *data, size_t len)
 {
     char *s = malloc(len + 1);

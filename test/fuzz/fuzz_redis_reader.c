@@ -1,15 +1,16 @@
 /* Target redis_reader: hiredis's RESP reader (redisReaderFeed +
- * redisReaderGetReply), the parser every byte from Redis goes through before
- * scaler/redis_source.c and activator/redis_link.c see a redisReply. Their
+ * redisReaderGetReply) with Thaw's reply guard (common/redis_guard.c), the
+ * parser every byte from Redis goes through before scaler/redis_source.c and
+ * activator/redis_link.c see a redisReply. Their
  * reply handling lives in static hiredis callbacks (no pure function to call);
  * the redis_source target drives that code itself through a fake server.
  *
  * Input: a reply stream. It is read in one piece and in chunks; the replies
  * (a digest of type, integer, string bytes and elements, recursively) and the
  * error state must match. Each reply is also checked the way the callbacks
- * read it: element pointers non-NULL, strings NUL-terminated at len.
- * Inputs declaring an array of more than 65536 elements are skipped
- * (fuzz_resp_huge_array). */
+ * read it: element pointers non-NULL, strings NUL-terminated at len, and no
+ * more array elements in one reply than the guard allows. Huge array headers
+ * need no skipping: the guard refuses them before hiredis allocates. */
 #include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,12 +18,14 @@
 #include <hiredis/hiredis.h>
 
 #include "fuzz.h"
+#include "redis_guard.h"
 
 #define MAX_REPLIES 1024
 
 struct digest {
     uint64_t h;
     size_t replies;
+    size_t declared; /* array elements in the current reply */
     bool error;
 };
 
@@ -64,6 +67,9 @@ static void walk(struct digest *d, const redisReply *r, int depth)
     case REDIS_REPLY_ARRAY:
         mix(d, &r->elements, sizeof(r->elements));
         FUZZ_CHECK(r->elements == 0 || r->element != NULL, "array without elements");
+        d->declared += r->elements;
+        FUZZ_CHECK(d->declared <= REDIS_GUARD_MAX_ELEMENTS, "%zu array elements in one reply",
+                   d->declared);
         for (size_t i = 0; i < r->elements; i++)
             walk(d, r->element[i], depth + 1);
         break;
@@ -81,6 +87,8 @@ static void read_all(const uint8_t *s, size_t n, struct fuzz_rng *rng, struct di
     redisReader *rd = redisReaderCreate();
     if (!rd)
         return;
+    if (redis_guard_install(rd) != 0)
+        fuzz_fail(__FILE__, __LINE__, "redis_guard_install failed");
     size_t off = 0;
     while (off < n && !d->error && d->replies < MAX_REPLIES) {
         size_t chunk = rng ? fuzz_rng_chunk(rng, n - off) : n - off;
@@ -97,6 +105,7 @@ static void read_all(const uint8_t *s, size_t n, struct fuzz_rng *rng, struct di
             }
             if (!reply)
                 break;
+            d->declared = 0;
             walk(d, reply, 0);
             freeReplyObject(reply);
             if (++d->replies >= MAX_REPLIES)
@@ -108,8 +117,6 @@ static void read_all(const uint8_t *s, size_t n, struct fuzz_rng *rng, struct di
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    if (fuzz_resp_huge_array(data, size, 65536))
-        return 0;
     uint8_t *s = malloc(size ? size : 1);
     if (!s)
         return 0;

@@ -1,0 +1,243 @@
+/* redis_guard: a guarded hiredis reader refuses array headers past the
+ * per-reply element budget at once, and still parses every normal reply. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cmocka.h>
+#include <hiredis/hiredis.h>
+
+#include "log.h"
+#include "redis_guard.h"
+
+struct capture {
+    char text[4096];
+    size_t len;
+};
+
+static void capture_sink(void *ud, const char *line, size_t len)
+{
+    struct capture *c = ud;
+    if (len > sizeof c->text - 1 - c->len)
+        len = sizeof c->text - 1 - c->len;
+    memcpy(c->text + c->len, line, len);
+    c->len += len;
+    c->text[c->len] = '\0';
+}
+
+static redisReader *guarded_reader(void)
+{
+    redisReader *rd = redisReaderCreate();
+    assert_non_null(rd);
+    assert_int_equal(redis_guard_install(rd), 0);
+    return rd;
+}
+
+static void feed(redisReader *rd, const char *s)
+{
+    assert_int_equal(redisReaderFeed(rd, s, strlen(s)), REDIS_OK);
+}
+
+/* The reader must fail on the header alone: hiredis only stops there when the
+ * array function returned NULL, and the guard does so before allocating. */
+static void expect_refused(const char *stream, const char *elements)
+{
+    struct capture cap = {{0}, 0};
+    log_set_sink(capture_sink, &cap);
+    redisReader *rd = guarded_reader();
+    feed(rd, stream);
+    void *reply = NULL;
+    assert_int_equal(redisReaderGetReply(rd, &reply), REDIS_ERR);
+    assert_null(reply);
+    assert_int_equal(rd->err, REDIS_ERR_OOM);
+    /* A failed reader stays failed: no reply is built from what follows. */
+    assert_int_equal(redisReaderGetReply(rd, &reply), REDIS_ERR);
+    assert_null(reply);
+    redisReaderFree(rd);
+    log_set_sink(NULL, NULL);
+    assert_non_null(strstr(cap.text, "event=redis_reply_refused"));
+    char want[64];
+    snprintf(want, sizeof want, "elements=%s ", elements);
+    assert_non_null(strstr(cap.text, want));
+}
+
+/* The header is accepted: the reply is incomplete, no error. */
+static void expect_pending(redisReader *rd, const char *stream)
+{
+    feed(rd, stream);
+    void *reply = NULL;
+    assert_int_equal(redisReaderGetReply(rd, &reply), REDIS_OK);
+    assert_null(reply);
+    assert_int_equal(rd->err, 0);
+}
+
+static void test_huge_array_refused(void **unused)
+{
+    (void)unused;
+    expect_refused("*111111111\r\n", "111111111");
+    /* Past the range of the int hiredis hands to createArray: refused, by
+     * hiredis (protocol error) or by the guard, never built. */
+    const char *const beyond[] = {"*2147483648\r\n", "*4294967297\r\n", "*9999999999\r\n"};
+    for (size_t i = 0; i < sizeof beyond / sizeof beyond[0]; i++) {
+        redisReader *rd = guarded_reader();
+        feed(rd, beyond[i]);
+        void *reply = NULL;
+        assert_int_equal(redisReaderGetReply(rd, &reply), REDIS_ERR);
+        assert_null(reply);
+        assert_true(rd->err == REDIS_ERR_PROTOCOL || rd->err == REDIS_ERR_OOM);
+        redisReaderFree(rd);
+    }
+}
+
+static void test_bound_single_array(void **unused)
+{
+    (void)unused;
+    char s[64];
+    snprintf(s, sizeof s, "*%d\r\n", REDIS_GUARD_MAX_ELEMENTS + 1);
+    char n[32];
+    snprintf(n, sizeof n, "%d", REDIS_GUARD_MAX_ELEMENTS + 1);
+    expect_refused(s, n);
+
+    redisReader *rd = guarded_reader();
+    snprintf(s, sizeof s, "*%d\r\n", REDIS_GUARD_MAX_ELEMENTS);
+    expect_pending(rd, s);
+    redisReaderFree(rd); /* frees the half-read reply */
+}
+
+/* Nested headers share one budget, or a few bytes each would still cost the
+ * bound again and again. */
+static void test_bound_counts_nested_arrays(void **unused)
+{
+    (void)unused;
+    char s[64];
+    char n[32];
+    snprintf(s, sizeof s, "*2\r\n*%d\r\n", REDIS_GUARD_MAX_ELEMENTS - 1);
+    snprintf(n, sizeof n, "%d", REDIS_GUARD_MAX_ELEMENTS - 1);
+    expect_refused(s, n);
+
+    /* Deeper: 3 + 2 declared, then one more than what is left. */
+    snprintf(s, sizeof s, "*3\r\n:1\r\n*2\r\n:2\r\n*%d\r\n", REDIS_GUARD_MAX_ELEMENTS - 4);
+    snprintf(n, sizeof n, "%d", REDIS_GUARD_MAX_ELEMENTS - 4);
+    expect_refused(s, n);
+
+    redisReader *rd = guarded_reader();
+    snprintf(s, sizeof s, "*3\r\n:1\r\n*2\r\n:2\r\n*%d\r\n", REDIS_GUARD_MAX_ELEMENTS - 5);
+    expect_pending(rd, s);
+    redisReaderFree(rd);
+}
+
+static void test_normal_replies_parse(void **unused)
+{
+    (void)unused;
+    redisReader *rd = guarded_reader();
+    void *v = NULL;
+
+    /* A mixed nested reply, fed in two pieces. */
+    feed(rd, "*4\r\n$3\r\nfoo\r\n:42\r\n*2\r\n+OK\r\n$-");
+    assert_int_equal(redisReaderGetReply(rd, &v), REDIS_OK);
+    assert_null(v);
+    feed(rd, "1\r\n*0\r\n");
+    assert_int_equal(redisReaderGetReply(rd, &v), REDIS_OK);
+    redisReply *r = v;
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, 4);
+    assert_int_equal(r->element[0]->type, REDIS_REPLY_STRING);
+    assert_string_equal(r->element[0]->str, "foo");
+    assert_int_equal(r->element[1]->type, REDIS_REPLY_INTEGER);
+    assert_int_equal(r->element[1]->integer, 42);
+    assert_int_equal(r->element[2]->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->element[2]->elements, 2);
+    assert_int_equal(r->element[2]->element[0]->type, REDIS_REPLY_STATUS);
+    assert_string_equal(r->element[2]->element[0]->str, "OK");
+    assert_int_equal(r->element[2]->element[1]->type, REDIS_REPLY_NIL);
+    assert_int_equal(r->element[3]->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->element[3]->elements, 0);
+    assert_int_equal(r->len, 4 + 2); /* the guard's count of declared elements */
+    freeReplyObject(r);
+
+    /* A nil array, then the shape of a scaler batch reply: 1000 integers. */
+    feed(rd, "*-1\r\n");
+    assert_int_equal(redisReaderGetReply(rd, &v), REDIS_OK);
+    assert_non_null(v);
+    assert_int_equal(((redisReply *)v)->type, REDIS_REPLY_NIL);
+    freeReplyObject(v);
+    feed(rd, "*1000\r\n");
+    for (int i = 0; i < 1000; i++) {
+        char e[32];
+        snprintf(e, sizeof e, ":%d\r\n", i * 7);
+        feed(rd, e);
+    }
+    assert_int_equal(redisReaderGetReply(rd, &v), REDIS_OK);
+    r = v;
+    assert_non_null(r);
+    assert_int_equal(r->type, REDIS_REPLY_ARRAY);
+    assert_int_equal(r->elements, 1000);
+    assert_int_equal(r->len, 1000); /* counted from 0 again: one reply, one budget */
+    for (size_t i = 0; i < r->elements; i++) {
+        assert_int_equal(r->element[i]->type, REDIS_REPLY_INTEGER);
+        assert_int_equal(r->element[i]->integer, (long long)i * 7);
+    }
+    freeReplyObject(r);
+
+    /* The budget is per reply: after replies that declared 1000 and more,
+     * a reply declaring the whole budget is still accepted. */
+    char s[64];
+    snprintf(s, sizeof s, "*1\r\n*%d\r\n", REDIS_GUARD_MAX_ELEMENTS - 1);
+    expect_pending(rd, s);
+    redisReaderFree(rd);
+}
+
+static void test_install_rules(void **unused)
+{
+    (void)unused;
+    assert_int_equal(redis_guard_install(NULL), -1);
+
+    redisReader *rd = redisReaderCreate();
+    assert_non_null(rd);
+    redisReplyObjectFunctions *plain = rd->fn;
+    assert_int_equal(redis_guard_install(rd), 0);
+    redisReplyObjectFunctions *guarded = rd->fn;
+    assert_ptr_not_equal(guarded, plain);
+    assert_int_equal(redis_guard_install(rd), 0); /* twice: unchanged */
+    assert_ptr_equal(rd->fn, guarded);
+    redisReaderFree(rd);
+
+    /* A reader without reply functions, or with someone else's, is left alone. */
+    rd = redisReaderCreateWithFunctions(NULL);
+    assert_non_null(rd);
+    assert_int_equal(redis_guard_install(rd), -1);
+    assert_null(rd->fn);
+    redisReaderFree(rd);
+    redisReplyObjectFunctions other = *plain;
+    rd = redisReaderCreateWithFunctions(&other);
+    assert_non_null(rd);
+    assert_int_equal(redis_guard_install(rd), -1);
+    assert_ptr_equal(rd->fn, &other);
+    redisReaderFree(rd);
+
+    /* A context's reader (what thaw-scaler and thaw-activator guard). */
+    redisContext *c = redisConnectUnix("/nonexistent/thaw-redis-guard.sock");
+    assert_non_null(c);
+    assert_non_null(c->reader);
+    assert_ptr_equal(c->reader->fn, plain);
+    assert_int_equal(redis_guard_install(c->reader), 0);
+    assert_ptr_equal(c->reader->fn, guarded);
+    redisFree(c);
+}
+
+int main(void)
+{
+    const struct CMUnitTest tests[] = {
+        cmocka_unit_test(test_huge_array_refused),
+        cmocka_unit_test(test_bound_single_array),
+        cmocka_unit_test(test_bound_counts_nested_arrays),
+        cmocka_unit_test(test_normal_replies_parse),
+        cmocka_unit_test(test_install_rules),
+    };
+    return cmocka_run_group_tests(tests, NULL, NULL);
+}
