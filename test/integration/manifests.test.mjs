@@ -245,7 +245,8 @@ test('refs: ScaledObjects: targets, scaler addresses, metadata keys, HPA behavio
     assert.ok(target, `${id}: no Deployment ${so.spec.scaleTargetRef.name}`);
     assert.equal(target.spec.replicas, undefined, `${id}: its Deployment must leave replicas to KEDA`);
     assert.equal(so.spec.minReplicaCount, 0, `${id}: scale to zero`);
-    assert.ok(so.spec.cooldownPeriod > 0 && so.spec.fallback?.replicas >= 1, `${id}: cooldown and fallback`);
+    // Policy v2's keep-warm is the idle time: KEDA's cooldown is set, to 0.
+    assert.ok(so.spec.cooldownPeriod === 0 && so.spec.fallback?.replicas >= 1, `${id}: cooldown and fallback`);
     assert.equal(so.spec.advanced.horizontalPodAutoscalerConfig.behavior.scaleDown.stabilizationWindowSeconds, 0,
       `${id}: Thaw stabilizes; the HPA must not`);
     for (const tr of so.spec.triggers) resolveAddress(tr.metadata.scalerAddress);
