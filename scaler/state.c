@@ -790,7 +790,9 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
             json_t *pol = json_pack("{s:s, s:f, s:f, s:f}", "name",
                                     t->spec.policy_v1 ? "v1" : "v2", "coldStartSeconds",
                                     (double)p.cold_start_ms / 1000.0, "targetUtilisation",
-                                    p.target_utilisation, "scaleDownWindowSeconds",
+                                    /* 0 means none: all of the capacity */
+                                    p.target_utilisation > 0 ? p.target_utilisation : 1.0,
+                                    "scaleDownWindowSeconds",
                                     (double)p.scale_down_window_ms / 1000.0);
             if (pol) {
                 /* null until the model has been busy and gone idle once */

@@ -136,7 +136,8 @@ test('/models: per target its inputs, staleness, decision and targets', async ()
   const e = all.find((x) => x.scaledObject === 'adm-so');
   assert.ok(e, JSON.stringify(all));
   assert.deepEqual(Object.keys(e).sort(), ['active', 'beyondStalenessLimit', 'desired', 'direction',
-    'inputs', 'model', 'namespace', 'raw', 'reason', 'scaledObject', 'secondsSinceChange', 'targets'].sort());
+    'inputs', 'model', 'namespace', 'policy', 'raw', 'reason', 'scaledObject', 'secondsSinceChange',
+    'targets'].sort());
   assert.equal(e.namespace, 'default');
   assert.equal(e.model, 'adm-m');
   assert.deepEqual(e.inputs, {
@@ -151,6 +152,11 @@ test('/models: per target its inputs, staleness, decision and targets', async ()
   assert.ok(e.secondsSinceChange >= 0);
   assert.equal(e.beyondStalenessLimit, false);
   assert.deepEqual(e.targets, { tokensPerSecond: 1000, queueLength: 10, activationTokenRate: 0, activationQueueLength: 0 });
+  // scaledObjectRef() asks for policy v1 unless told otherwise; the scaler's
+  // flags set the window to 0 (test/integration/lib/scaler_env.mjs).
+  assert.deepEqual(e.policy, {
+    name: 'v1', coldStartSeconds: 0, targetUtilisation: 1, scaleDownWindowSeconds: 0, keepWarmSeconds: 0,
+  });
   const res = await scaler.get('/models');
   assert.match(res.headers.get('content-type'), /^application\/json/);
 });
