@@ -2,6 +2,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <malloc.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdio.h>
@@ -175,6 +176,7 @@ struct proxy {
     struct event *socket_retry;
     bool socket_starved;
     uint64_t socket_failures;
+    size_t clients_peak; /* most connections open since the last trim */
     int port;
     struct client *clients;
     size_t nclients;
@@ -1982,6 +1984,24 @@ static void reap_held_clients(struct proxy *px)
     }
 }
 
+/* A burst of connections (thousands held through a cold start) leaves
+ * megabytes of freed heap that glibc keeps (the trim threshold is raised in
+ * main.c for the warm path's sake): hand it back once the burst is over. */
+#define TRIM_AFTER_CLIENTS 1024
+
+static void trim_after_burst(struct proxy *px)
+{
+    if (px->nclients > px->clients_peak)
+        px->clients_peak = px->nclients;
+    if (px->clients_peak < TRIM_AFTER_CLIENTS || px->nclients > px->clients_peak / 8)
+        return;
+    int64_t t0 = clock_mono_us();
+    malloc_trim(0);
+    LOG_INFO("memory_trimmed", "clients_peak=%zu clients=%zu took_us=%lld", px->clients_peak,
+             px->nclients, (long long)(clock_mono_us() - t0));
+    px->clients_peak = px->nclients;
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -1994,6 +2014,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     }
     free_removed(px);
     reap_held_clients(px);
+    trim_after_burst(px);
     if (now - px->last_redis_ms >= REDIS_REFRESH_MS) {
         px->last_redis_ms = now;
         for (size_t i = 0; i < px->nmodels; i++) {

@@ -278,6 +278,9 @@ async function main() {
   console.log(`hold queue bytes (activator's count) ${heldBytes} (${(heldBytes / HELD).toFixed(0)} bytes per request)`);
   console.log(`activator RSS after release          ${after.rss} KiB (peak VmHWM ${after.hwm} KiB)`);
   console.log(`activator RSS after clients closed   ${closed.rss} KiB`);
+  const trims = (act.lines ?? []).map((l) => l.line).filter((l) => /event=memory_trimmed/.test(l));
+  console.log(`heap trims after the burst           ${trims.length}` +
+    (trims.length ? ` (${trims.map((l) => /took_us=(\d+)/.exec(l)?.[1] + ' us').join(', ')})` : ''));
   console.log(`release: backend started -> last answer ${((tDone - tStart) / 1000).toFixed(2)} s`);
   console.log(`answers: ${[...statuses].map(([k, v]) => `${k}x${v}`).join(' ') || 'none'}; connection errors ${errors.length}; 200 without X-Thaw-Cold-Start-Ms ${noHeader}; bad bodies ${badBody}`);
   console.log(`activator /metrics: accepted ${accepted}, outcomes ${outcomes}, held afterwards ${stillHeld}; upstream requests ${probesUp}; wake PUBLISHes ${wakes}; Redis thaw:held showed ${redisHeld}; exit code ${code}`);
