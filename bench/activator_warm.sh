@@ -87,34 +87,10 @@ if [ "${BENCH_PIN:-1}" = 1 ] && [ "$(nproc)" -ge 2 ]; then pin=1; fi
 pin_srv=(); pin_load=()
 [ $pin = 1 ] && pin_srv=(taskset -c 0) && pin_load=(taskset -c 1)
 
-tmp=$(mktemp -d "${TMPDIR:-/tmp}/thaw-bench-actwarm.XXXXXX")
+# shellcheck source=lib/common.sh
+. "$here/lib/common.sh"
+bench_tmpdir actwarm
 chmod 755 "$tmp"   # nginx workers run as nobody when started as root
-pids=()
-cleanup() {
-    local p
-    for p in "${pids[@]}"; do kill -TERM "$p" 2>/dev/null || true; done
-    for p in "${pids[@]}"; do
-        for _ in $(seq 50); do kill -0 "$p" 2>/dev/null || break; sleep 0.1; done
-        kill -KILL "$p" 2>/dev/null || true
-    done
-    if [ "${BENCH_KEEP_TMP:-0}" = 1 ]; then echo "kept $tmp" >&2; else rm -rf "$tmp"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
-
-free_port() {
-    node -e "const s=require('net').createServer().listen(0,'127.0.0.1',()=>{console.log(s.address().port);s.close()})"
-}
-
-# wait_for SECONDS DESCRIPTION COMMAND...: polls COMMAND every 0.1 s.
-wait_for() {
-    local t=$1 what=$2; shift 2
-    local deadline=$((SECONDS + t))
-    until "$@" >/dev/null 2>&1; do
-        [ "$SECONDS" -lt "$deadline" ] || die "timed out after ${t}s waiting for $what"
-        sleep 0.1
-    done
-}
 
 # --- peers -----------------------------------------------------------------------
 be_port=$(free_port); be_status=$(free_port)
