@@ -49,6 +49,12 @@ size_t fuzz_rng_chunk(struct fuzz_rng *r, size_t max);
  * (LeakSanitizer then checks that they free what they took). */
 long fuzz_oom_point(const uint8_t *data, size_t len);
 
+/* The two passes of a target: run(data, len, true) with its result checks on,
+ * then run(data, len, false) with the fuzz_oom_point() allocation failing
+ * (results may differ then; only safety and leaks are checked). */
+void fuzz_run_with_oom(void (*run)(const uint8_t *, size_t, bool), const uint8_t *data,
+                       size_t len);
+
 /* Keeps jansson on plain malloc, out of reach of the injection above:
  * jansson 2.14's lexer ignores a failed buffer append and then trips its own
  * assert (load.c lex_unget_unsave: `c == d`) when an allocation fails while it

@@ -7,6 +7,7 @@
 
 #include <jansson.h>
 
+#include "alloc.h"
 #include "log.h"
 
 void fuzz_fail(const char *file, int line, const char *fmt, ...)
@@ -93,6 +94,15 @@ long fuzz_oom_point(const uint8_t *data, size_t len)
     if (span > 4096)
         span = 4096;
     return (long)(fuzz_rng_next(&r) % span);
+}
+
+void fuzz_run_with_oom(void (*run)(const uint8_t *, size_t, bool), const uint8_t *data,
+                       size_t len)
+{
+    run(data, len, true);
+    alloc_fail_after(fuzz_oom_point(data, len));
+    run(data, len, false);
+    alloc_fail_after(-1);
 }
 
 void fuzz_jansson_no_oom(void) { json_set_alloc_funcs(malloc, free); }

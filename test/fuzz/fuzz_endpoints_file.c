@@ -23,8 +23,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-static void run(const uint8_t *data, size_t size)
+static void run(const uint8_t *data, size_t size, bool with_checks)
 {
+    checks = with_checks;
     char *text = malloc(size ? size : 1);
     if (!text)
         return;
@@ -58,11 +59,6 @@ static void run(const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    checks = true;
-    run(data, size);
-    checks = false;
-    alloc_fail_after(fuzz_oom_point(data, size));
-    run(data, size);
-    alloc_fail_after(-1);
+    fuzz_run_with_oom(run, data, size);
     return 0;
 }

@@ -242,9 +242,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
     if (size > MAX_INPUT)
         return 0;
-    run(data, size, true);
-    alloc_fail_after(fuzz_oom_point(data, size));
-    run(data, size, false);
-    alloc_fail_after(-1);
+    fuzz_run_with_oom(run, data, size);
     return 0;
 }

@@ -104,8 +104,9 @@ static void check_hostport(const char *s)
     FUZZ_CHECK(strstr(s, host) != NULL, "host '%s' not in '%s'", host, s);
 }
 
-static void run(const uint8_t *data, size_t size)
+static void run(const uint8_t *data, size_t size, bool with_checks)
 {
+    checks = with_checks;
     FILE *f = fopen(path, "wb");
     if (!f)
         fuzz_fail(__FILE__, __LINE__, "cannot write %s", path);
@@ -142,11 +143,6 @@ static void run(const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    checks = true;
-    run(data, size);
-    checks = false;
-    alloc_fail_after(fuzz_oom_point(data, size));
-    run(data, size);
-    alloc_fail_after(-1);
+    fuzz_run_with_oom(run, data, size);
     return 0;
 }

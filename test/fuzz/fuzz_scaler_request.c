@@ -288,8 +288,9 @@ static void run_health(const uint8_t *p, size_t n)
     grpc__health__v1__health_check_request__free_unpacked(req, &pb_allocator);
 }
 
-static void run(const uint8_t *data, size_t size)
+static void run(const uint8_t *data, size_t size, bool with_checks)
 {
+    checks = with_checks;
     struct scaler_state_config cfg = {60000, 300000, 5000, 3600000};
     now_ms = 1000000;
     struct scaler_state *st = scaler_state_new(&cfg, now_ms, on_change, NULL);
@@ -333,11 +334,6 @@ static void run(const uint8_t *data, size_t size)
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 {
-    checks = true;
-    run(data, size);
-    checks = false;
-    alloc_fail_after(fuzz_oom_point(data, size));
-    run(data, size);
-    alloc_fail_after(-1);
+    fuzz_run_with_oom(run, data, size);
     return 0;
 }
