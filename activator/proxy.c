@@ -146,7 +146,7 @@ struct model_rt {
     uint64_t wake_signals; /* PUBLISHes sent */
     uint64_t wakes;        /* wake actions, sent or not */
     bool wake_pending;
-    bool held_published;
+    bool held_published; /* our thaw:held field is set (held or queued), no HDEL since */
     bool removed;
     struct expo_histogram hold_hist;
     struct expo_histogram ttfb_hist;
@@ -1258,6 +1258,8 @@ static void on_backend_down(void *ud, enum backend_down_reason why)
     model_apply(m, act);
 }
 
+/* Writes the hold queue to thaw:held:<model>: all of it as held (a wake is
+ * wanted) unless the model is ready, then all of it as queued. */
 static void publish_held(struct model_rt *m)
 {
     struct proxy *px = m->px;
@@ -1266,7 +1268,12 @@ static void publish_held(struct model_rt *m)
     size_t n = m->hq.count;
     if (n == 0 && !m->held_published)
         return;
-    if (redis_link_held(px->redis, m->name, n, clock_unix_ms()) == 0)
+    /* Ready: the queue waits for a free slot at the concurrency cap (or a
+     * socket), a serving backlog; otherwise it waits for the model to wake. */
+    bool ready = m->sm.state == MODEL_READY;
+    size_t held = ready ? 0 : n;
+    size_t queued = ready ? n : 0;
+    if (redis_link_held(px->redis, m->name, held, queued, clock_unix_ms()) == 0)
         m->held_published = n > 0;
 }
 

@@ -339,18 +339,24 @@ int redis_link_wake(struct redis_link *l, const char *model)
     return send_cmd(l, 3, argv);
 }
 
-int redis_link_held(struct redis_link *l, const char *model, size_t count, int64_t unix_ms)
+int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t queued,
+                    int64_t unix_ms)
 {
     char key[512];
     int n = snprintf(key, sizeof(key), "thaw:held:%s", model);
     if (n < 0 || (size_t)n >= sizeof(key))
         return -1;
-    if (count == 0) {
+    if (held == 0 && queued == 0) {
         const char *argv[] = {"HDEL", key, l->instance_id};
         return send_cmd(l, 3, argv);
     }
-    char val[64];
-    snprintf(val, sizeof(val), "%zu:%lld", count, (long long)unix_ms);
+    /* Two parts when nothing is queued, so scalers that know only
+     * <count>:<unix-ms> still read cold holds. */
+    char val[96];
+    if (queued == 0)
+        snprintf(val, sizeof(val), "%zu:%lld", held, (long long)unix_ms);
+    else
+        snprintf(val, sizeof(val), "%zu:%lld:%zu", held, (long long)unix_ms, queued);
     const char *argv[] = {"HSET", key, l->instance_id, val};
     return send_cmd(l, 4, argv);
 }

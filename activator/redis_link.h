@@ -2,8 +2,16 @@
  * libevent.
  *
  *   PUBLISH thaw:wake <model>                          on the first held request
- *   HSET thaw:held:<model> <instance-id> <count>:<unix-ms>   every second while holding
- *   HDEL thaw:held:<model> <instance-id>               when nothing is held any more
+ *   HSET thaw:held:<model> <instance-id> <held>:<unix-ms>[:<queued>]
+ *                                                      every second while the hold queue is
+ *                                                      not empty
+ *   HDEL thaw:held:<model> <instance-id>               when the hold queue is empty
+ *
+ * held counts requests waiting because the model has no ready replica (the
+ * scaler wakes the model); queued counts requests waiting while the model is
+ * ready, because every endpoint is at its concurrency cap (a serving
+ * backlog). The :<queued> part is there only when queued > 0, so the value of
+ * a cold hold keeps the two-part form older scalers parse.
  *
  * The link connects in the background and reconnects by itself with a capped
  * backoff. hiredis 0.14 has no async timeouts, so the link keeps its own: a
@@ -43,9 +51,11 @@ bool redis_link_up(const struct redis_link *l);
 /* PUBLISH thaw:wake model. Returns 0 if sent, -1 if the link is down. */
 int redis_link_wake(struct redis_link *l, const char *model);
 
-/* HSET (count > 0) or HDEL (count == 0) of this instance's field in
- * thaw:held:<model>. Returns 0 if sent, -1 if the link is down. */
-int redis_link_held(struct redis_link *l, const char *model, size_t count, int64_t unix_ms);
+/* HSET (held or queued > 0) or HDEL (both 0) of this instance's field in
+ * thaw:held:<model>; the value is <held>:<unix_ms>, plus :<queued> when
+ * queued > 0. Returns 0 if sent, -1 if the link is down. */
+int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t queued,
+                    int64_t unix_ms);
 
 void redis_link_get_stats(const struct redis_link *l, struct redis_link_stats *out);
 

@@ -88,27 +88,31 @@ static const char rs_queue_script[] =
     "return out\n";
 
 /* KEYS[i] = thaw:held:<model>, ARGV = now_ms, fresh_ms. Field values are
- * "<count>:<unix-ms>"; the digit limits keep the sums exact in Lua's doubles.
- * Fresh is two-sided: a stamp from more than fresh_ms in the future (an
- * activator whose clock runs ahead, or garbage) must not hold a model up
- * forever. */
+ * "<held>:<unix-ms>" or "<held>:<unix-ms>:<queued>" (held: nothing ready;
+ * queued: waiting at the activator's concurrency cap); the digit limits keep
+ * the sums exact in Lua's doubles. Two numbers per key: the held sum, the
+ * queued sum. Fresh is two-sided: a stamp from more than fresh_ms in the
+ * future (an activator whose clock runs ahead, or garbage) must not hold a
+ * model up forever. */
 static const char rs_held_script[] =
     "local now = tonumber(ARGV[1])\n"
     "local fresh = tonumber(ARGV[2])\n"
     "local out = {}\n"
     "for i, key in ipairs(KEYS) do\n"
-    "  local sum = 0\n"
+    "  local held, queued = 0, 0\n"
     "  if redis.call('TYPE', key)['ok'] == 'hash' then\n"
     "    local kv = redis.call('HGETALL', key)\n"
     "    for j = 2, #kv, 2 do\n"
-    "      local c, ts = string.match(kv[j], '^(%d+):(%d+)$')\n"
-    "      if c and #c <= 9 and #ts <= 15 and tonumber(ts) >= now - fresh\n"
+    "      local c, ts, q = string.match(kv[j], '^(%d+):(%d+):?(%d*)$')\n"
+    "      if c and #c <= 9 and #ts <= 15 and #q <= 9 and tonumber(ts) >= now - fresh\n"
     "         and tonumber(ts) <= now + fresh then\n"
-    "        sum = sum + tonumber(c)\n"
+    "        held = held + tonumber(c)\n"
+    "        if #q > 0 then queued = queued + tonumber(q) end\n"
     "      end\n"
     "    end\n"
     "  end\n"
-    "  out[i] = sum\n"
+    "  out[2 * i - 1] = held\n"
+    "  out[2 * i] = queued\n"
     "end\n"
     "return out\n";
 
@@ -145,12 +149,14 @@ struct rs_batch {
     char **args; /* queue: n owned group names ("" for none); held: NULL */
     char now_s[24];
     char fresh_s[24];
-    long long *vals; /* n results, filled as chunk replies arrive */
+    long long *vals; /* results, filled as chunk replies arrive: n for a queue
+                      * batch, 2n (held, queued per model) for a held batch */
     size_t chunks;
     size_t chunks_done;
     bool failed;
     char err[200];
-    redis_queue_cb cb; /* redis_held_cb is the same type; NULL once abandoned */
+    redis_queue_cb cb;      /* queue batches; NULL once abandoned */
+    redis_held_cb held_cb;  /* held batches; NULL once abandoned */
     void *ud;
     struct event *timer;
 };
@@ -441,6 +447,7 @@ static void rs_batch_reset(struct rs_batch *b)
     b->failed = false;
     b->err[0] = '\0';
     b->cb = NULL;
+    b->held_cb = NULL;
     b->ud = NULL;
 }
 
@@ -451,15 +458,17 @@ static void rs_batch_settle(struct rs_batch *b, const char *reason)
 {
     struct redis_source *src = b->src;
     redis_queue_cb cb = b->cb;
+    redis_held_cb held_cb = b->held_cb;
     void *ud = b->ud;
     long long *vals = b->vals;
     size_t n = b->n;
+    bool owned = cb || held_cb;
     bool failed = b->failed || reason != NULL;
     char err[sizeof b->err];
     snprintf(err, sizeof err, "%s", reason ? reason : b->err);
     b->vals = NULL; /* ours until the callback returns */
     rs_batch_reset(b);
-    if (failed && cb) { /* an abandoned batch was counted when abandoned */
+    if (failed && owned) { /* an abandoned batch was counted when abandoned */
         src->stats.failures++;
         char q[256];
         LOG_WARN("redis_batch_failed", "kind=%s n=%zu err=%s", rs_batch_kind_to_str(b->kind), n,
@@ -470,6 +479,11 @@ static void rs_batch_settle(struct rs_batch *b, const char *reason)
             cb(ud, -1, NULL, 0, err);
         else
             cb(ud, 0, vals, n, NULL);
+    } else if (held_cb && !src->dying) {
+        if (failed)
+            held_cb(ud, -1, NULL, NULL, 0, err);
+        else
+            held_cb(ud, 0, vals, vals ? vals + n : NULL, n, NULL);
     }
     thaw_free(vals);
 }
@@ -560,10 +574,21 @@ static void rs_on_batch_reply(redisAsyncContext *ac, void *r, void *priv)
         } else {
             rs_batch_record_error(b, reply->str ? reply->str : "error reply");
         }
-    } else if (reply->type == REDIS_REPLY_ARRAY && reply->elements == nk) {
+    } else if (kind == RS_BATCH_QUEUE && reply->type == REDIS_REPLY_ARRAY &&
+               reply->elements == nk) {
         for (size_t j = 0; j < nk; j++) {
             const redisReply *e = reply->element[j];
             b->vals[lo + j] = e->type == REDIS_REPLY_INTEGER ? e->integer : -1;
+        }
+    } else if (kind == RS_BATCH_HELD && reply->type == REDIS_REPLY_ARRAY &&
+               reply->elements == 2 * nk) {
+        /* held[i] then queued[i] per key; vals holds all held counts, then
+         * all queued counts. */
+        for (size_t j = 0; j < nk; j++) {
+            const redisReply *h = reply->element[2 * j], *q = reply->element[2 * j + 1];
+            b->vals[lo + j] = h->type == REDIS_REPLY_INTEGER && h->integer > 0 ? h->integer : 0;
+            b->vals[b->n + lo + j] =
+                q->type == REDIS_REPLY_INTEGER && q->integer > 0 ? q->integer : 0;
         }
     } else {
         rs_batch_record_error(b, "unexpected reply to the script");
@@ -669,10 +694,12 @@ static void rs_batch_timer_cb(evutil_socket_t fd, short what, void *arg)
 /* Starts the batch whose keys/args are filled: arms its timer and appends all
  * its commands before any reply can arrive. Returns 0, or -1 when nothing
  * useful was sent (the slot is free again unless replies are still owed). */
-static int rs_batch_launch(struct rs_batch *b, redis_queue_cb cb, void *ud)
+static int rs_batch_launch(struct rs_batch *b, redis_queue_cb cb, redis_held_cb held_cb, void *ud)
 {
     struct redis_source *src = b->src;
-    b->vals = b->n ? thaw_calloc(b->n, sizeof *b->vals) : NULL;
+    /* A held batch has two results per model: held, then queued. */
+    size_t per_key = b->kind == RS_BATCH_HELD ? 2 : 1;
+    b->vals = b->n ? thaw_calloc(b->n * per_key, sizeof *b->vals) : NULL;
     if (b->n && !b->vals) {
         rs_batch_reset(b);
         return -1;
@@ -680,6 +707,7 @@ static int rs_batch_launch(struct rs_batch *b, redis_queue_cb cb, void *ud)
     b->chunks = (b->n + RS_CHUNK_KEYS - 1) / RS_CHUNK_KEYS;
     b->chunks_done = 0;
     b->cb = cb;
+    b->held_cb = held_cb;
     b->ud = ud;
     struct timeval tv = rs_tv(b->n ? src->timeout_ms : 0);
     if (evtimer_add(b->timer, &tv) != 0) {
@@ -700,6 +728,7 @@ static int rs_batch_launch(struct rs_batch *b, redis_queue_cb cb, void *ud)
                   rs_batch_kind_to_str(b->kind), ch, b->chunks);
         b->chunks = ch;
         b->cb = NULL;
+        b->held_cb = NULL;
         b->active = true;
         src->stats.round_trips++;
         src->stats.failures++;
@@ -749,7 +778,7 @@ int redis_source_queue_lengths(struct redis_source *src, const struct redis_queu
             return -1;
         }
     }
-    return rs_batch_launch(b, cb, ud);
+    return rs_batch_launch(b, cb, NULL, ud);
 }
 
 int redis_source_held_counts(struct redis_source *src, const char *const *models, size_t n,
@@ -781,7 +810,7 @@ int redis_source_held_counts(struct redis_source *src, const char *const *models
     }
     snprintf(b->now_s, sizeof b->now_s, "%" PRId64, now_unix_ms);
     snprintf(b->fresh_s, sizeof b->fresh_s, "%" PRId64, fresh_ms);
-    return rs_batch_launch(b, cb, ud);
+    return rs_batch_launch(b, NULL, cb, ud);
 }
 
 /* ------------------------------------------------------------------------ */

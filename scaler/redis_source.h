@@ -4,8 +4,9 @@
  *   consumer group: that group's pending + lag) per key, the type detected by
  *   Redis itself. All keys of one interval cost one round trip, whatever their
  *   number.
- * - Held requests: activators keep `HSET thaw:held:<model> <instance> <count>:<unix-ms>`
- *   fresh; the sum of fresh fields per model, also one round trip per interval.
+ * - Held and queued requests: activators keep `HSET thaw:held:<model> <instance>
+ *   <held>:<unix-ms>[:<queued>]` fresh; the sums of fresh fields per model,
+ *   also one round trip per interval.
  * - Wake messages: a second connection stays SUBSCRIBEd to `thaw:wake`; each
  *   message body is a model name, delivered to on_wake as it arrives.
  * Both connections reconnect by themselves with a capped backoff.
@@ -82,12 +83,16 @@ typedef void (*redis_queue_cb)(void *ud, int status, const long long *lengths, s
 int redis_source_queue_lengths(struct redis_source *src, const struct redis_queue_query *q,
                                size_t n, redis_queue_cb cb, void *ud);
 
-/* held[i] is the sum of the counts of thaw:held:<models[i]> fields whose
- * timestamp is within fresh_ms of now_unix_ms (either side: clock skew) (fields that fail to parse, or
- * with a count over 9 digits, are ignored; a missing key or one that is not a
- * hash counts 0). Same status, copying and calling rules as above. */
-typedef void (*redis_held_cb)(void *ud, int status, const long long *held, size_t n,
-                              const char *err);
+/* Per model, from the fields of thaw:held:<models[i]> whose timestamp is
+ * within fresh_ms of now_unix_ms (either side: clock skew): held[i] sums the
+ * requests activators hold because nothing is ready, queued[i] those waiting
+ * at an activator's concurrency cap while replicas are ready (field values
+ * "<held>:<unix-ms>" or "<held>:<unix-ms>:<queued>"; fields that fail to
+ * parse, or with a count over 9 digits, are ignored; a missing key or one
+ * that is not a hash counts 0). Same status, copying and calling rules as
+ * above; on failure both arrays are NULL. */
+typedef void (*redis_held_cb)(void *ud, int status, const long long *held,
+                              const long long *queued, size_t n, const char *err);
 int redis_source_held_counts(struct redis_source *src, const char *const *models, size_t n,
                              int64_t now_unix_ms, int64_t fresh_ms, redis_held_cb cb, void *ud);
 

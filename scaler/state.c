@@ -25,6 +25,7 @@ struct model_sig {
     int64_t absent_since_ms;
     bool seen_in_answer;
     double held;
+    double queued; /* waiting at activators' concurrency caps (replicas ready) */
     int64_t wake_until_ms;
     uint64_t wakes;
     uint64_t decisions[3][POLICY_REASON_COUNT];
@@ -195,7 +196,9 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
     metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms, &p);
     struct policy_inputs in = {
         .token_rate = t->model->token_rate,
-        .queue = t->queue->length,
+        /* The backlog: the job queue plus the requests activators keep
+         * waiting at their concurrency caps (interactive traffic's queue). */
+        .queue = t->queue->length + t->model->queued,
         .held = effective_held(t->model, now_ms),
         .token_rate_stale = st->src[SOURCE_PROMETHEUS].failing || t->model->absent_since_ms != 0,
         /* A key not read yet (new target, or redisKey just changed) is not
@@ -538,11 +541,13 @@ size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out)
     return st->nhbatch;
 }
 
-void scaler_state_held_ok(struct scaler_state *st, const long long *held, size_t n,
-                          int64_t now_ms)
+void scaler_state_held_ok(struct scaler_state *st, const long long *held, const long long *queued,
+                          size_t n, int64_t now_ms)
 {
-    for (size_t i = 0; i < n && i < st->nhbatch; i++)
+    for (size_t i = 0; i < n && i < st->nhbatch; i++) {
         st->hbatch_models[i]->held = held[i] > 0 ? (double)held[i] : 0;
+        st->hbatch_models[i]->queued = queued && queued[i] > 0 ? (double)queued[i] : 0;
+    }
     source_ok(st, SOURCE_REDIS_HELD, now_ms);
     scaler_state_tick(st, now_ms);
 }
@@ -702,6 +707,14 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
             expo_sample(out, "thaw_scaler_input_held_requests", labels,
                         effective_held(m, now_ms));
     }
+    expo_family(out, "thaw_scaler_input_queued_requests", "gauge",
+                "Requests waiting at activators' concurrency caps per model (replicas ready).");
+    cur = 0;
+    while (strmap_next(st->models, &cur, &key, &value)) {
+        const struct model_sig *m = value;
+        if (expo_labels(labels, sizeof(labels), "model", m->name, (char *)NULL) >= 0)
+            expo_sample(out, "thaw_scaler_input_queued_requests", labels, m->queued);
+    }
     expo_family(out, "thaw_scaler_wake_messages_total", "counter",
                 "Wake messages received per model.");
     cur = 0;
@@ -767,11 +780,11 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
         const struct target *t = value;
         const struct policy_decision *d = &t->decision;
         json_t *o = json_pack(
-            "{s:s, s:s, s:s, s:{s:f, s:f, s:f, s:s, s:b, s:b, s:b}, s:I, s:I, s:b, s:s, s:s, "
+            "{s:s, s:s, s:s, s:{s:f, s:f, s:f, s:f, s:s, s:b, s:b, s:b}, s:I, s:I, s:b, s:s, s:s, "
             "s:f, s:b, s:{s:f, s:f, s:f, s:f}}",
             "namespace", t->ns, "scaledObject", t->name, "model", t->spec.model, "inputs",
             "tokenRate", t->model->token_rate, "queueLength", t->queue->length, "heldRequests",
-            effective_held(t->model, now_ms), "redisKey", t->spec.redis_key, "tokenRateStale",
+            effective_held(t->model, now_ms), "queuedRequests", t->model->queued, "redisKey", t->spec.redis_key, "tokenRateStale",
             (int)(st->src[SOURCE_PROMETHEUS].failing || t->model->absent_since_ms != 0),
             "queueStale", (int)(st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured), "heldStale",
             (int)st->src[SOURCE_REDIS_HELD].failing, "desired", (json_int_t)d->desired, "raw",

@@ -74,8 +74,11 @@ void scaler_state_queue_ok(struct scaler_state *st, const long long *lengths, si
                            int64_t now_ms);
 /* Model names for the held batch, same validity rules. */
 size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out);
-void scaler_state_held_ok(struct scaler_state *st, const long long *held, size_t n,
-                          int64_t now_ms);
+/* held[i]: requests held while nothing is ready; queued[i] (may be NULL):
+ * requests waiting at activators' concurrency caps, added to the queue input
+ * of every target of the model. */
+void scaler_state_held_ok(struct scaler_state *st, const long long *held, const long long *queued,
+                          size_t n, int64_t now_ms);
 
 /* A wake message: the model counts as holding a request for wake_hold_ms.
  * Returns the number of targets of that model (0 when unknown). */

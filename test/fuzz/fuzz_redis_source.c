@@ -426,17 +426,20 @@ static void queue_done(void *ud, int status, const long long *lengths, size_t n,
     retick(h);
 }
 
-static void held_done(void *ud, int status, const long long *held, size_t n, const char *err)
+static void held_done(void *ud, int status, const long long *held, const long long *queued,
+                      size_t n, const char *err)
 {
     struct harness *h = ud;
     h->f->progress++;
     h->held_in_flight = false;
     int64_t now = clock_mono_ms();
     if (status == 0) {
-        FUZZ_CHECK(n == h->held_n && (n == 0 || held != NULL), "held result shape");
-        scaler_state_held_ok(h->st, held, n, now);
+        FUZZ_CHECK(n == h->held_n && (n == 0 || (held != NULL && queued != NULL)),
+                   "held result shape");
+        scaler_state_held_ok(h->st, held, queued, n, now);
     } else {
-        FUZZ_CHECK(status < 0 && held == NULL && n == 0 && err != NULL, "held failure shape");
+        FUZZ_CHECK(status < 0 && held == NULL && queued == NULL && n == 0 && err != NULL,
+                   "held failure shape");
         scaler_state_source_failed(h->st, SOURCE_REDIS_HELD, err, now);
     }
     retick(h);

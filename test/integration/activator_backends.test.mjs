@@ -113,6 +113,67 @@ test('per-endpoint concurrency cap: requests over the cap wait, none fail', asyn
   }
 });
 
+test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2), and HDEL once all are answered', async () => {
+  const redis = await startRedis();
+  // A slow backend: completions wait until the test opens the gate (or 10 s
+  // pass, so a failed assertion cannot hang the test).
+  let gateOpen = true;
+  const waiting = [];
+  const answer = (res) => { if (!res.writableEnded) res.end('{"ok":true}'); };
+  const srv = http.createServer((req, res) => {
+    if (req.url === '/health') { res.end('ok'); return; }
+    req.resume();
+    if (gateOpen) { answer(res); return; }
+    waiting.push(res);
+    setTimeout(() => answer(res), 10000).unref();
+  });
+  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+  const port = srv.address().port;
+  const act = await startActivator({
+    models: [{ name: 'capq', backend: `http://127.0.0.1:${port}`, maxConcurrencyPerEndpoint: 1, ...fast }],
+  }, { redisUrl: redis.url });
+  const field = () => redis.cli('HGET', 'thaw:held:capq', 'act-test');
+  let rs = [];
+  try {
+    // Make the model ready first: what waits below waits at the cap, not for a wake.
+    assert.equal((await complete(act.port, 'capq')).status, 200);
+    assert.equal((await act.model('capq')).state, 'ready');
+    await waitUntil(async () => (await redis.cli('HEXISTS', 'thaw:held:capq', 'act-test')) === '0', 3000,
+      { what: 'no field after the warm-up request' });
+
+    gateOpen = false;
+    rs = Array.from({ length: 3 }, (_, i) => complete(act.port, 'capq', { prompt: `q${i}` }));
+    await waitUntil(() => waiting.length === 1, 5000, { what: 'one request at the backend' });
+    await waitUntil(async () => (await act.model('capq')).held === 2, 5000, { what: 'two waiting at the cap' });
+    // The 1 s refresh writes the count of both (the first one went out at once, as 0:<ms>:1).
+    const v = await waitUntil(async () => {
+      const x = await field();
+      return /^0:\d+:2$/.test(x) ? x : null;
+    }, 3000, { what: 'thaw:held:capq = 0:<ms>:2' });
+    const ms = Number(v.split(':')[1]);
+    assert.ok(Math.abs(ms - Date.now()) < 5000, `fresh timestamp in ${v}`);
+    assert.equal(waiting.length, 1, 'the cap of 1 holds');
+    assert.equal((await act.model('capq')).state, 'ready');
+
+    gateOpen = true;
+    for (const res of waiting.splice(0)) answer(res);
+    for (const r of await Promise.all(rs)) assert.equal(r.status, 200, r.body.toString());
+    await waitUntil(async () => (await redis.cli('HEXISTS', 'thaw:held:capq', 'act-test')) === '0', 3000,
+      { what: 'HDEL once all three are answered' });
+    assert.equal(metricSum(await act.metrics(), 'thaw_activator_requests_total', { model: 'capq', outcome: 'ok' }), 4);
+    await assertAccounted(act);
+  } finally {
+    // On a failure, let the requests end before the stop so the assertion is what gets reported.
+    gateOpen = true;
+    for (const res of waiting.splice(0)) answer(res);
+    await Promise.allSettled(rs);
+    await act.stop();
+    srv.closeAllConnections();
+    await new Promise((r) => srv.close(r));
+    await redis.stop();
+  }
+});
+
 test('DNS backend: a host name resolved by the activator (localhost via /etc/hosts)', async () => {
   const port = await freePort();
   const fv = await startFakeVllm({ model: 'dns', port, waitReady: true });

@@ -46,6 +46,8 @@ test('100 requests to a cold model all succeed; wake signal and held count reach
       const v = await redis.cli('HGET', 'thaw:held:cold1', 'act-test');
       return v && Number(v.split(':')[0]) === 100 ? v : null;
     }, 5000, { what: 'held count 100 in Redis' });
+    // <held>:<unix-ms>, no :<queued> part: a cold model's requests are all held.
+    assert.equal(held.split(':').length, 2, `two-part value ${held}`);
     const [, ms] = held.split(':');
     assert.ok(Math.abs(Number(ms) - Date.now()) < 5000, `fresh timestamp ${ms}`);
     // Refreshed every second while holding.

@@ -96,7 +96,7 @@ test('dashboard JSON: template variables for datasource, namespace and model; de
 
 test('dashboard JSON: the panels the issue asks for are there', () => {
   const titles = panels.map((p) => p.title);
-  for (const want of [/tokens\/s/, /Requests\/s/, /Desired vs ready/, /Active/, /Held requests/, /Hold time/,
+  for (const want of [/tokens\/s/, /Requests\/s/, /Desired vs ready/, /Active/, /Held and queued requests/, /Hold time/,
     /^Cold starts$/, /Decisions by direction and reason/, /^Sources$/, /Source staleness/, /Outcomes/,
     /Proxy latency/, /gRPC latency/, /Wakes/, /Last decision/]) {
     assert.ok(titles.some((t) => want.test(t)), `no panel matching ${want}; have ${titles.join(' | ')}`);
@@ -307,8 +307,10 @@ test('live: every dashboard query returns data from a real Prometheus', async (t
 
   // The scaler's token-rate query (through the recording rule) saw the
   // warm model's tokens, and KEDA was told to keep it up.
-  const rate = await promGet(`/api/v1/query?${new URLSearchParams({ query: 'model:thaw_scaler_input_token_rate:max{model="llama-8b"}' })}`);
-  assert.ok(Number(rate.result[0]?.value[1]) > 0, `token rate seen by the scaler: ${JSON.stringify(rate.result)}`);
+  // The rate needs two scrapes of the model's counters first: wait for it
+  // (every other query may have had data long before).
+  await waitFor(() => promGet(`/api/v1/query?${new URLSearchParams({ query: 'model:thaw_scaler_input_token_rate:max{model="llama-8b"}' })}`),
+    (rate) => Number(rate.result[0]?.value[1]) > 0, 'token rate seen by the scaler');
   const desired = await promGet(`/api/v1/query?${new URLSearchParams({ query: 'namespace_model:thaw_scaler_desired_replicas:max{namespace="models"}' })}`);
   const byModel = Object.fromEntries(desired.result.map((s) => [s.metric.model, Number(s.value[1])]));
   assert.ok(byModel['llama-8b'] >= 1, `desired replicas ${JSON.stringify(byModel)}`);

@@ -228,6 +228,31 @@ test('held requests: fresh fields sum, stale ones are ignored, and they age out'
   await waitActive(client, held, false, 5000);
 });
 
+test('requests queued at activators\' concurrency caps add to the queue, not to held', async () => {
+  // v1 counts only: desired = ceil((jobs + queued) / targetQueueLength).
+  const ref = scaledObjectRef('qc', { model: 'qc', targetQueueLength: 10 });
+  await client.getMetricSpec(ref);
+  assert.deepEqual(await client.isActive(ref), { result: false });
+  await redis.cli('RPUSH', 'thaw:queue:qc', 'j1', 'j2', 'j3', 'j4', 'j5');
+  // Two activators: one at its cap, one holding nothing; a stale field and
+  // an older activator's two-part value still parse.
+  await redis.cli('HSET', 'thaw:held:qc', 'a1', `0:${nowMs()}:20`, 'a2', `0:${nowMs()}:5`,
+    'a3', `0:${nowMs() - 10000}:99`);
+  await waitUntil(async () => (await getDesired(client, ref)).value === 3, 5000,
+    { what: 'ceil((5 + 25) / 10) = 3' });
+  const e = await scaler.model('qc');
+  assert.equal(e.inputs.queuedRequests, 25);
+  assert.equal(e.inputs.queueLength, 5);
+  assert.equal(e.inputs.heldRequests, 0);
+  assert.equal(e.reason, 'queue');
+  assert.equal(sampleValue(await scaler.metrics(), 'thaw_scaler_input_queued_requests', { model: 'qc' }), 25);
+  await redis.cli('HDEL', 'thaw:held:qc', 'a1', 'a2', 'a3');
+  await waitUntil(async () => (await getDesired(client, ref)).value === 1, 5000,
+    { what: 'back to the jobs alone' });
+  await redis.cli('DEL', 'thaw:queue:qc');
+  await waitActive(client, ref, false, 5000);
+});
+
 test('policy v2 from the metadata: keep-warm lasts coldStartSeconds x keepWarmCost; v1 goes inactive at once', async () => {
   // surgeHoldSeconds 0: the wake's replica is not held on after the wake;
   // wakeRequestCost 0: the held requests add nothing to the break-even.

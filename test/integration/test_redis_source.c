@@ -273,6 +273,7 @@ struct result {
     int status;
     size_t n;
     long long *vals;
+    long long *queued; /* held batches: the queued counts */
     char err[256];
     /* Chaining test: start another queue batch from inside the callback. */
     struct redis_source *chain_src;
@@ -287,6 +288,7 @@ struct result {
 static void result_reset(struct result *r)
 {
     thaw_free(r->vals);
+    thaw_free(r->queued);
     memset(r, 0, sizeof(*r));
 }
 
@@ -330,11 +332,31 @@ static int queue(struct redis_source *src, const struct redis_queue_query *q, si
     return rc;
 }
 
+/* The held results as a queue result, plus a copy of the queued counts. */
+static void on_held_result(void *ud, int status, const long long *held, const long long *queued,
+                           size_t n, const char *err)
+{
+    struct result *r = ud;
+    thaw_free(r->queued);
+    r->queued = NULL;
+    if (status == 0 && n > 0 && queued) {
+        r->queued = thaw_calloc(n, sizeof(*r->queued));
+        if (r->queued)
+            memcpy(r->queued, queued, n * sizeof(*queued));
+    }
+    if ((status == 0 && (n > 0) != (queued != NULL)) || (status != 0 && queued != NULL)) {
+        on_result(ud, status, held, n, err);
+        r->status = -97; /* contract: queued present exactly when held is */
+        return;
+    }
+    on_result(ud, status, held, n, err);
+}
+
 static int held(struct redis_source *src, const char *const *models, size_t n, int64_t now,
                 int64_t fresh, struct result *r)
 {
     in_call = true;
-    int rc = redis_source_held_counts(src, models, n, now, fresh, on_result, r);
+    int rc = redis_source_held_counts(src, models, n, now, fresh, on_held_result, r);
     in_call = false;
     return rc;
 }
@@ -620,6 +642,10 @@ static void test_held(void)
                       " d garbage e 7: f :5 g -2:%" PRId64 " h 1234567890:%" PRId64
                       " i 2:%" PRId64 " j 1:2:3",
                   now, now - 1000, now - 60000, now, now, now + 5000);
+    /* Queued at a concurrency cap: a third number. */
+    ok = ok && cmd(sc, "HSET thaw:held:m5 a 0:%" PRId64 ":4 b 2:%" PRId64 ":3 c 1:%" PRId64
+                       ":9 d 1:%" PRId64 ":12345678901 e 0:%" PRId64 ":x",
+                   now, now, now - 60000, now, now);
     ok = ok && cmd(sc, "HSET thaw:held:m3 x 9:%" PRId64, now - 31000) &&
          cmd(sc, "SET thaw:held:m4 5:%" PRId64, now);
     enum { BULK = 1200 };
@@ -635,7 +661,7 @@ static void test_held(void)
     CHECK(ok, "held setup failed");
 
     static char names[BULK][16];
-    static const char *models[4 + BULK];
+    static const char *models[5 + BULK];
     models[0] = "m1"; /* 3 + 4 + 2: stale, malformed, negative, 10-digit ignored */
     models[1] = "m2"; /* missing */
     models[2] = "m3"; /* only stale */
@@ -644,16 +670,20 @@ static void test_held(void)
         snprintf(names[i], sizeof(names[i]), "b%d", i);
         models[4 + i] = names[i];
     }
+    models[4 + BULK] = "m5"; /* held 0 + 2, queued 4 + 3: stale, 10-digit, malformed ignored */
     struct redis_source_stats before, after;
     redis_source_get_stats(msrc, &before);
     struct result r = {0};
-    CHECK(held(msrc, models, 4 + BULK, now, fresh, &r) == 0, "not sent");
+    CHECK(held(msrc, models, 5 + BULK, now, fresh, &r) == 0, "not sent");
     CHECK(r.calls == 0, "callback inside the call");
     CHECK(wait_result(&r, 1, 5000), "no answer");
     redis_source_get_stats(msrc, &after);
-    CHECK(r.status == 0 && r.n == 4 + BULK && r.vals, "status %d err %s", r.status, r.err);
-    if (r.vals && r.n == 4 + BULK) {
-        CHECK(r.vals[0] == 9, "m1 %lld", r.vals[0]);
+    CHECK(r.status == 0 && r.n == 5 + BULK && r.vals && r.queued, "status %d err %s", r.status,
+          r.err);
+    if (r.vals && r.queued && r.n == 5 + BULK) {
+        CHECK(r.vals[0] == 9 && r.queued[0] == 0, "m1 %lld %lld", r.vals[0], r.queued[0]);
+        CHECK(r.vals[4 + BULK] == 2 && r.queued[4 + BULK] == 7, "m5 held %lld queued %lld",
+              r.vals[4 + BULK], r.queued[4 + BULK]);
         CHECK(r.vals[1] == 0, "m2 %lld", r.vals[1]);
         CHECK(r.vals[2] == 0, "m3 %lld", r.vals[2]);
         CHECK(r.vals[3] == 0, "m4 %lld", r.vals[3]);

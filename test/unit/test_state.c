@@ -111,11 +111,11 @@ static void test_held_and_wake(void **unused)
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
     assert_string_equal(models[0], "m1");
     long long held = 4;
-    scaler_state_held_ok(st, &held, 1, 10);
+    scaler_state_held_ok(st, &held, NULL, 1, 10);
     assert_true(target_decision(t)->active);
     assert_int_equal(target_decision(t)->reason, POLICY_REASON_HELD);
     held = 0;
-    scaler_state_held_ok(st, &held, 1, 20);
+    scaler_state_held_ok(st, &held, NULL, 1, 20);
     assert_false(target_decision(t)->active);
 
     changes = 0;
@@ -123,7 +123,7 @@ static void test_held_and_wake(void **unused)
     assert_int_equal(changes, 1);
     assert_true(last_change.active);
     /* A held poll racing the wake does not flip it back... */
-    scaler_state_held_ok(st, &held, 1, 1100);
+    scaler_state_held_ok(st, &held, NULL, 1, 1100);
     assert_true(target_decision(t)->active);
     /* ...until the wake hold expires. */
     scaler_state_tick(st, 6001);
@@ -156,7 +156,7 @@ static void test_fail_safe_and_staleness(void **unused)
     struct prom_sample zero[] = {{"m1", 0}};
     scaler_state_prom_ok(st, zero, 1, 21000);
     long long held = 0;
-    scaler_state_held_ok(st, &held, 1, 21000);
+    scaler_state_held_ok(st, &held, NULL, 1, 21000);
     assert_int_equal(target_decision(t)->desired, 0);
     assert_false(target_beyond_staleness(st, t, 21001));
 
@@ -225,6 +225,44 @@ static void test_out_of_memory_never_crashes(void **unused)
     metadata_spec_finish(&a);
 }
 
+/* Requests waiting at activators' concurrency caps are a backlog, added to
+ * the job queue: they scale like queued jobs, not like a wake. */
+static void test_queued_at_cap_is_backlog(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    struct scaler_spec a = spec_for("m1", "jobs");
+    struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    const struct redis_queue_query *q;
+    assert_int_equal(scaler_state_queue_batch(st, &q), 1);
+    long long jobs = 5;
+    scaler_state_queue_ok(st, &jobs, 1, 1);
+    const char *const *models;
+    assert_int_equal(scaler_state_held_batch(st, &models), 1);
+    long long held = 0, queued = 25;
+    scaler_state_held_ok(st, &held, &queued, 1, 2);
+    /* v1: ceil((5 + 25) / 10) */
+    assert_int_equal(target_decision(t)->desired, 3);
+    assert_true(target_decision(t)->active);
+    assert_int_equal(target_decision(t)->reason, POLICY_REASON_QUEUE);
+
+    struct evbuffer *b = evbuffer_new();
+    scaler_state_write_metrics(st, b, 3);
+    scaler_state_write_models_json(st, b, 3);
+    evbuffer_add(b, "", 1);
+    const char *text = (const char *)evbuffer_pullup(b, -1);
+    assert_non_null(strstr(text, "thaw_scaler_input_queued_requests{model=\"m1\"} 25"));
+    assert_non_null(strstr(text, "\"queuedRequests\":25"));
+    assert_non_null(strstr(text, "\"queueLength\":5"));
+    evbuffer_free(b);
+
+    /* Gone from the activators: only the jobs are left. */
+    queued = 0;
+    scaler_state_held_ok(st, &held, &queued, 1, 4);
+    assert_int_equal(target_decision(t)->desired, 1);
+    metadata_spec_finish(&a);
+    scaler_state_free(st);
+}
+
 /* The spec's policy (v2 by default, knobs from the metadata) is what decides:
  * the utilisation target sizes up, and an idle model is kept warm for
  * coldStartSeconds x keepWarmCost before going inactive. */
@@ -240,7 +278,7 @@ static void test_policy_v2_reaches_the_decision(void **unused)
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
     queues_empty(st, 1);
     long long held = 0;
-    scaler_state_held_ok(st, &held, 1, 1);
+    scaler_state_held_ok(st, &held, NULL, 1, 1);
     struct prom_sample s[] = {{"m1", 3000}};
     scaler_state_prom_ok(st, s, 1, 100);
     /* ceil(3000 / (1000 x 0.86)) = 4, where v1 says 3 */
@@ -262,6 +300,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_targets_share_signals),
         cmocka_unit_test(test_held_and_wake),
+        cmocka_unit_test(test_queued_at_cap_is_backlog),
         cmocka_unit_test(test_fail_safe_and_staleness),
         cmocka_unit_test(test_spec_change_and_gc),
         cmocka_unit_test(test_out_of_memory_never_crashes),
