@@ -36,7 +36,7 @@ run() {
     echo
     run --json "$out/replay.json"
     echo
-    echo "## Policy v1 (what thaw-scaler runs until the v2 knobs have flags) vs v2"
+    echo "## Policy v1 (metadata policy: v1) vs v2, the default"
     echo
     run --policies thaw-v1,thaw,oracle
     echo

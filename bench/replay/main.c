@@ -64,7 +64,8 @@ static const struct opt_def option_defs[] = {
      "seconds over which the oracle averages the work it provisions for", NULL},
     {"thaw", OPT_STRING, S(thaw), NULL, 0, 0,
      "override thaw policy knobs, e.g. target_utilisation=0.9,scale_down_window_s=120 "
-     "(also keda_polling_s, keda_cooldown_s for thaw's ScaledObject)", NULL},
+     "(also keda_polling_s, keda_cooldown_s, hpa_sync_s, hpa_up_percent, hpa_up_pods for "
+     "thaw's ScaledObject and HPA)", NULL},
     {"requests", OPT_STRING, S(requests), NULL, 0, 0,
      "write every request's arrival, TTFT, cold flag and SLO result as CSV to this file",
      NULL},
@@ -166,6 +167,12 @@ static int apply_thaw_overrides(const char *spec, struct sim_config *sc, char *e
             sc->keda.polling_s = v;
         else if (strcmp(kv, "keda_cooldown_s") == 0)
             sc->keda.cooldown_s = v;
+        else if (strcmp(kv, "hpa_sync_s") == 0)
+            sc->keda.hpa_sync_s = v;
+        else if (strcmp(kv, "hpa_up_percent") == 0)
+            sc->keda.hpa_up_percent = v;
+        else if (strcmp(kv, "hpa_up_pods") == 0)
+            sc->keda.hpa_up_pods = v;
         else if (strcmp(kv, "keda_target_tps") == 0)
             sc->keda_target_tps = v;
         else {

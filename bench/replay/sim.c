@@ -41,7 +41,7 @@ void sim_config_defaults(struct sim_config *c, enum sim_kind kind)
     /* KEDA and HPA defaults (REFERENCE.md). */
     c->keda = (struct sim_keda){
         .polling_s = 30, .cooldown_s = 300, .hpa_sync_s = 15, .hpa_tolerance = 0.1,
-        .hpa_down_window_s = 300,
+        .hpa_down_window_s = 300, .hpa_up_percent = 100, .hpa_up_pods = 4,
     };
     policy_params_defaults(&c->thaw);
     /* thaw's targetTokensPerSecond is what one replica sustains (its
@@ -64,6 +64,9 @@ void sim_config_defaults(struct sim_config *c, enum sim_kind kind)
         /* The ScaledObject thaw documents: its own stabilization and
          * keep-warm decide, so HPA's window and KEDA's cooldown are 0. */
         c->keda.hpa_down_window_s = 0;
+        /* ... and its scale-up policies allow 10x or +8 pods per sync. */
+        c->keda.hpa_up_percent = 900;
+        c->keda.hpa_up_pods = 8;
         c->keda.cooldown_s = 0;
         c->keda.polling_s = 10;
     }
@@ -502,9 +505,11 @@ static double prom_rate(const struct sim *s)
 
 static void observe_queue(struct sim *s)
 {
-    double w = (double)waiting(s);
-    /* The activator holds requests while nothing is ready; otherwise they
-     * wait in the serving queue. */
+    /* What the activators publish: requests not yet sent to a replica,
+     * held while nothing is ready, else queued at the concurrency cap
+     * (maxConcurrencyPerEndpoint = the batch slots). Requests a replica
+     * admitted but has not started are the replica's business. */
+    double w = (double)(s->next_arr - s->qhead);
     s->held_obs = s->ready == 0 ? w : 0;
     s->queue_obs = s->ready == 0 ? 0 : w;
 }
@@ -551,7 +556,11 @@ static long hpa_step(struct sim *s, double metric, double target)
         rec = up;
     if (rec > down)
         rec = down;
-    long up_limit = cur * 2 > cur + 4 ? cur * 2 : cur + 4;
+    /* The scale-up policies (selectPolicy Max), per sync. */
+    double by_pct = ceil((double)cur * (1.0 + k->hpa_up_percent / 100.0) - 1e-9);
+    double by_pods = (double)cur + k->hpa_up_pods;
+    double lim = by_pct > by_pods ? by_pct : by_pods;
+    long up_limit = lim < 1e9 ? (long)lim : 1000000000L;
     if (rec > up_limit)
         rec = up_limit;
     if (rec < 1)
@@ -1045,7 +1054,8 @@ static int check_config(const struct sim_config *cfg, char *err, size_t errlen)
     if (!(cfg->sig.scrape_s > 0) || !(cfg->sig.rate_window_s > 0) ||
         !(cfg->sig.prom_query_s > 0) || !(cfg->sig.redis_s > 0) || !(cfg->keda.polling_s > 0) ||
         !(cfg->keda.hpa_sync_s > 0) || !(cfg->kpa.tick_s > 0) || !(cfg->kpa.target > 0) ||
-        !(cfg->keda_target_tps > 0) || cfg->kpa.stable_s > KPA_BUCKETS) {
+        !(cfg->keda_target_tps > 0) || cfg->kpa.stable_s > KPA_BUCKETS ||
+        !(cfg->keda.hpa_up_percent >= 0) || !(cfg->keda.hpa_up_pods >= 0)) {
         snprintf(err, errlen, "bad signal or autoscaler parameters");
         return -1;
     }

@@ -24,12 +24,14 @@
  *
  *   SIM_THAW   thaw's policy_decide() (the same object code as thaw-scaler)
  *              with token rate from a simulated Prometheus rate() at scrape
- *              granularity, queue and held counts read every redis interval;
+ *              granularity, held and queued counts as the activators publish
+ *              them (requests not yet sent to a replica: held while nothing is
+ *              ready, else queued at maxConcurrencyPerEndpoint = slots), read
+ *              every redis interval;
  *              through KEDA (external-push: wake at once; IsActive polled;
  *              cooldownPeriod) and the HPA (sync period, 10 % tolerance,
  *              scale-up rate limits, scale-down stabilization window).
- *   SIM_THAW_V1 the same with policy_params_v1() (what thaw-scaler runs
- *              until the v2 knobs have flags).
+ *   SIM_THAW_V1 the same with policy_params_v1() (metadata policy: v1).
  *   SIM_KEDA   KEDA Prometheus trigger on the same token rate, default HPA
  *              behaviour, woken at zero by the same activator push.
  *   SIM_KPA    Knative's KPA on concurrency (in flight incl. held): stable
@@ -78,6 +80,8 @@ struct sim_keda {
     double hpa_sync_s;        /* HPA sync period */
     double hpa_tolerance;     /* 0.1 */
     double hpa_down_window_s; /* behavior.scaleDown.stabilizationWindowSeconds */
+    double hpa_up_percent;    /* behavior.scaleUp: +this % per sync ... */
+    double hpa_up_pods;       /* ... or +this many pods, whichever is more */
 };
 
 struct sim_kpa {
