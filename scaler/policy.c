@@ -40,7 +40,7 @@ void policy_params_defaults(struct policy_params *p)
     p->target_queue_length = 10;
     p->scale_down_window_ms = 240000;
     p->cold_start_ms = 60000;
-    p->target_utilisation = 0.86;
+    p->target_utilisation = 0.88;
     p->trend_window_ms = 240000;
     p->rate_window_ms = 60000;
     p->queue_window_ms = 45000;
@@ -52,6 +52,8 @@ void policy_params_defaults(struct policy_params *p)
     p->wake_backlog_share = 1;
     p->panic_window_ms = 0;
     p->wake_request_cost = 0.5;
+    p->burst_cv = 1.0;
+    p->bursty_utilisation = 0.92;
 }
 
 void policy_params_v1(struct policy_params *p)
@@ -211,6 +213,31 @@ static double rate_forecast(const struct policy_params *p, const struct policy_s
     double f = r + slope * horizon_s;
     double cap = 2 * r + cap_extra;
     return f < cap ? f : cap;
+}
+
+/* The coefficient of variation (sd / mean) of the demand over the last
+ * POLICY_BURST_WINDOW_MS, from the slots already recorded; 0 with less than
+ * a minute of history or no demand. */
+static double demand_cv(const struct policy_state *st, int64_t now_ms)
+{
+    int64_t now_slot = slot_of(now_ms, RATE_SLOT_MS);
+    int64_t span = POLICY_BURST_WINDOW_MS / RATE_SLOT_MS;
+    if (span >= POLICY_RATE_SLOTS)
+        span = POLICY_RATE_SLOTS - 1;
+    double n = 0, sum = 0, sumsq = 0;
+    for (int i = 0; i < POLICY_RATE_SLOTS; i++) {
+        int64_t s = st->rate_slot[i];
+        if (s == NO_SLOT || s > now_slot || s < now_slot - span)
+            continue;
+        double v = st->rate_val[i];
+        n++;
+        sum += v;
+        sumsq += v * v;
+    }
+    if (n * RATE_SLOT_MS < 60000 || !(sum > 0))
+        return 0;
+    double mean = sum / n, var = sumsq / n - mean * mean;
+    return var > 0 ? sqrt(var) / mean : 0;
 }
 
 /* ---- queue history ------------------------------------------------------- */
@@ -453,6 +480,13 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
 {
     double r = clean(in->token_rate), q = clean(in->queue), h = clean(in->held);
     double u = p->target_utilisation > 0 && p->target_utilisation <= 1 ? p->target_utilisation : 1;
+    /* Bursty demand: headroom does not absorb bursts of several times the
+     * level (the queue and wake terms do), so less of it is kept. */
+    st->bursty = p->burst_cv > 0 && p->bursty_utilisation > 0 && p->bursty_utilisation <= 1 &&
+                 demand_cv(st, now_ms) > p->burst_cv;
+    if (st->bursty)
+        u = p->bursty_utilisation;
+    st->utilisation = u;
     double cap = p->target_tokens_per_second * u;
     double qlen = p->target_queue_length;
     double cold_s = (double)p->cold_start_ms / 1000.0;

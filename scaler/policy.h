@@ -4,6 +4,10 @@
  * behind every default). With C = target_tokens_per_second (what one
  * replica sustains), u = target_utilisation, Q = target_queue_length:
  *
+ *   u        = bursty_utilisation while the demand is bursty (its coefficient
+ *              of variation over the last 5 minutes above burst_cv; a burst
+ *              of several times the level is met by the queue terms, not by
+ *              headroom), else target_utilisation
  *   demand   D = max(r, forecast of r over cold_start_ms + rate_lag_ms)
  *              forecast: least-squares trend of r over trend_window_ms
  *   backlog  B = queue that persisted for queue_window_ms (its minimum),
@@ -53,6 +57,7 @@
 #define POLICY_GAPS 32          /* idle gaps remembered for keep-warm */
 #define POLICY_HELD_SLOTS 16    /* held history during a wake, one slot per 2 s */
 #define POLICY_OVERLOADS 16     /* overload (backlog above Q) durations remembered */
+#define POLICY_BURST_WINDOW_MS 300000 /* demand history judged for burstiness */
 
 struct policy_params {
     double target_tokens_per_second; /* > 0: tokens/s one replica sustains */
@@ -77,6 +82,10 @@ struct policy_params {
                                       * as long mostly outlasted one more cold start */
     double wake_request_cost;        /* >= 0: GPU-seconds one request held by a wake costs,
                                       * added to a cold start's cost in the keep-warm choice */
+    double burst_cv;                 /* >= 0; 0 = off: the demand's coefficient of variation
+                                      * over POLICY_BURST_WINDOW_MS above which it is bursty */
+    double bursty_utilisation;       /* (0, 1]: the utilisation target while bursty; out of
+                                      * range: target_utilisation stays */
 };
 
 /* Fills every field with its default (the benchmark's choice, see
@@ -175,6 +184,8 @@ struct policy_state {
     double wake_held[POLICY_WAKES];
     int nwake, wake_next;
     long idle_replicas;          /* replicas when the model last went idle */
+    bool bursty;                 /* the last decision used bursty_utilisation */
+    double utilisation;          /* the utilisation target of the last decision */
 };
 
 void policy_state_init(struct policy_state *st);

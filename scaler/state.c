@@ -800,11 +800,15 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
              * many replicas" can be answered without reading the metadata. */
             struct policy_params p;
             metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms, &p);
-            json_t *pol = json_pack("{s:s, s:f, s:f, s:f}", "name",
+            /* The utilisation target of the last decision (the bursty one
+             * while the demand is bursty); before any, the configured one
+             * (0 means none: all of the capacity). */
+            double u = t->decided ? t->pstate.utilisation
+                                  : (p.target_utilisation > 0 ? p.target_utilisation : 1.0);
+            json_t *pol = json_pack("{s:s, s:f, s:f, s:b, s:f}", "name",
                                     t->spec.policy_v1 ? "v1" : "v2", "coldStartSeconds",
-                                    (double)p.cold_start_ms / 1000.0, "targetUtilisation",
-                                    /* 0 means none: all of the capacity */
-                                    p.target_utilisation > 0 ? p.target_utilisation : 1.0,
+                                    (double)p.cold_start_ms / 1000.0, "targetUtilisation", u,
+                                    "bursty", (int)(t->decided && t->pstate.bursty),
                                     "scaleDownWindowSeconds",
                                     (double)p.scale_down_window_ms / 1000.0);
             if (pol) {

@@ -161,6 +161,10 @@ static int apply_thaw_overrides(const char *spec, struct sim_config *sc, char *e
             p->panic_window_ms = (int64_t)(v * 1000);
         else if (strcmp(kv, "wake_request_cost") == 0)
             p->wake_request_cost = v;
+        else if (strcmp(kv, "burst_cv") == 0)
+            p->burst_cv = v;
+        else if (strcmp(kv, "bursty_utilisation") == 0)
+            p->bursty_utilisation = v;
         else if (strcmp(kv, "cold_start_s") == 0)
             p->cold_start_ms = (int64_t)(v * 1000);
         else if (strcmp(kv, "keda_polling_s") == 0)

@@ -283,7 +283,7 @@ test('policy v2 from the metadata: keep-warm lasts coldStartSeconds x keepWarmCo
   // /models says which policy decides and what it learned.
   assert.deepEqual(last.policy, {
     name: 'v2', coldStartSeconds: 2, targetUtilisation: last.policy.targetUtilisation,
-    scaleDownWindowSeconds: 0, keepWarmSeconds: 3,
+    bursty: last.policy.bursty, scaleDownWindowSeconds: 0, keepWarmSeconds: 3,
   });
   assert.equal((await scaler.model('kw-v1')).policy.name, 'v1');
   await waitActive(client, v2, false, 8000);

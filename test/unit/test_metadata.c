@@ -22,13 +22,13 @@ static void on_unknown(void *ud, const char *key)
 /* Key/value pairs, NULL-terminated. */
 static int parse_kv(struct scaler_spec *spec, char *err, size_t errlen, ...)
 {
-    const char *k[16], *v[16];
+    const char *k[24], *v[24];
     size_t n = 0;
     va_list ap;
     va_start(ap, errlen);
     for (;;) {
         const char *key = va_arg(ap, const char *);
-        if (!key || n == 16)
+        if (!key || n == 24)
             break;
         k[n] = key;
         v[n++] = va_arg(ap, const char *);
@@ -165,7 +165,8 @@ static void test_policy_keys(void **unused)
                            "600", "surgeHoldSeconds", "5", "tokensPerRequest", "128",
                            "drainTimeFactor", "0.5", "wakeBacklogShare", "1",
                            "scaleDownWindowSeconds", "20", "panicWindowSeconds", "12.5",
-                           "wakeRequestCost", "2"),
+                           "wakeRequestCost", "2", "burstinessThreshold", "0",
+                           "burstyTargetUtilisation", "0.95"),
                      0);
     metadata_policy_params(&s, 123000, &p);
     assert_true(p.cold_start_ms == 2500);
@@ -182,6 +183,8 @@ static void test_policy_keys(void **unused)
     assert_true(p.scale_down_window_ms == 20000);
     assert_true(p.panic_window_ms == 12500);
     assert_true(p.wake_request_cost == 2);
+    assert_true(p.burst_cv == 0);
+    assert_true(p.bursty_utilisation == 0.95);
     struct scaler_spec t;
     assert_int_equal(PARSE(&t, err, "model", "m", "coldStartSeconds", "2.5"), 0);
     assert_false(metadata_spec_equal(&s, &t)); /* a knob change is a spec change */
@@ -201,6 +204,10 @@ static void test_policy_keys(void **unused)
 
     assert_int_equal(PARSE(&s, err, "model", "m", "policy", "v3"), -1);
     assert_string_equal(err, "metadata key 'policy': expected 'v2' or 'v1', got 'v3'");
+    assert_int_equal(PARSE(&s, err, "model", "m", "burstyTargetUtilisation", "0"), -1);
+    assert_string_equal(err,
+                        "metadata key 'burstyTargetUtilisation': expected a number in (0, 1], got '0'");
+    assert_int_equal(PARSE(&s, err, "model", "m", "burstinessThreshold", "-1"), -1);
     assert_int_equal(PARSE(&s, err, "model", "m", "targetUtilisation", "0"), -1);
     assert_string_equal(err, "metadata key 'targetUtilisation': expected a number in (0, 1], got '0'");
     assert_int_equal(PARSE(&s, err, "model", "m", "targetUtilisation", "1.5"), -1);

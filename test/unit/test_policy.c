@@ -218,6 +218,7 @@ static struct policy_params v2(void)
     p.wake_backlog_share = 0;
     p.panic_window_ms = 0;
     p.wake_request_cost = 0;
+    p.burst_cv = 0;
     return p;
 }
 
@@ -235,6 +236,47 @@ static void test_utilisation_target(void **unused)
     p.target_utilisation = 0;
     d = run(&p, &st, 100, 0, 0, 2000);
     assert_int_equal(d.desired, 1);
+}
+
+/* Bursty demand (coefficient of variation over 5 minutes above burst_cv)
+ * is sized with bursty_utilisation; steady demand with target_utilisation;
+ * less than a minute of history is never bursty. */
+static void test_bursty_demand_uses_its_own_utilisation(void **unused)
+{
+    struct policy_params p = v2();
+    p.target_utilisation = 0.5;
+    p.bursty_utilisation = 1;
+    p.burst_cv = 0.8;
+    struct policy_state steady, bursty, off;
+    policy_state_init(&steady);
+    policy_state_init(&bursty);
+    policy_state_init(&off);
+    struct policy_params q = p;
+    q.burst_cv = 0; /* off: always target_utilisation */
+    struct policy_decision ds = {0}, db = {0}, doff = {0};
+    /* After the first rate window (demand not recorded yet), 5 minutes of
+     * 400 tokens/s steady, and of 0 / 1200 alternating every 20 s (mean
+     * 600, cv 1). */
+    for (int t = 0; t <= 425; t++) {
+        int64_t now = (int64_t)t * 1000;
+        double r = (t / 20) % 2 ? 1200 : 0;
+        ds = run(&p, &steady, 400, 0, 0, now);
+        db = run(&p, &bursty, r, 0, 0, now);
+        doff = run(&q, &off, r, 0, 0, now);
+        if (t == 90) {
+            /* 30 s of recorded demand: not enough to judge */
+            assert_false(bursty.bursty);
+            assert_true(bursty.utilisation == 0.5);
+        }
+    }
+    assert_false(steady.bursty);
+    assert_true(steady.utilisation == 0.5);
+    assert_int_equal(ds.desired, 8); /* 400 / (100 x 0.5) */
+    assert_true(bursty.bursty);
+    assert_true(bursty.utilisation == 1);
+    assert_int_equal(db.desired, 12); /* 1200 / (100 x 1) at t = 425 (in a burst) */
+    assert_false(off.bursty);
+    assert_int_equal(doff.desired, 24); /* 1200 / (100 x 0.5) */
 }
 
 static void test_forecast_follows_a_trend(void **unused)
@@ -626,6 +668,7 @@ int main(void)
         cmocka_unit_test(test_v1_params_are_v1),
         cmocka_unit_test(test_defaults_are_sane),
         cmocka_unit_test(test_utilisation_target),
+        cmocka_unit_test(test_bursty_demand_uses_its_own_utilisation),
         cmocka_unit_test(test_forecast_follows_a_trend),
         cmocka_unit_test(test_forecast_ignores_noise),
         cmocka_unit_test(test_demand_by_conservation),

@@ -281,7 +281,7 @@ static void test_policy_v2_reaches_the_decision(void **unused)
     scaler_state_held_ok(st, &held, NULL, 1, 1);
     struct prom_sample s[] = {{"m1", 3000}};
     scaler_state_prom_ok(st, s, 1, 100);
-    /* ceil(3000 / (1000 x 0.86)) = 4, where v1 says 3 */
+    /* ceil(3000 / (1000 x 0.88)) = 4, where v1 says 3 */
     assert_int_equal(target_decision(t)->desired, 4);
     struct prom_sample zero[] = {{"m1", 0}};
     scaler_state_prom_ok(st, zero, 1, 1000);
