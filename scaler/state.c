@@ -658,6 +658,9 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
          "Always 1; labels give the reason and direction of the last decision."},
         {"thaw_scaler_last_decision_change_seconds", "gauge",
          "Seconds since the target's decision last changed."},
+        {"thaw_scaler_utilisation_target", "gauge",
+         "Share of targetTokensPerSecond the last decision planned for (the bursty target "
+         "while the demand is bursty)."},
     };
     for (size_t f = 0; f < sizeof(per_target) / sizeof(per_target[0]); f++) {
         expo_family(out, per_target[f][0], per_target[f][1], per_target[f][2]);
@@ -684,6 +687,7 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
             case 2: v = t->decision.active ? 1 : 0; break;
             case 3: v = t->queue->length; break;
             case 5: v = (double)(now_ms - t->last_change_ms) / 1000.0; break;
+            case 6: v = t->decided ? t->pstate.utilisation : 0; break;
             default: break;
             }
             expo_sample(out, per_target[f][0], labels, v);

@@ -253,6 +253,9 @@ static void test_queued_at_cap_is_backlog(void **unused)
     assert_non_null(strstr(text, "thaw_scaler_input_queued_requests{model=\"m1\"} 25"));
     assert_non_null(strstr(text, "\"queuedRequests\":25"));
     assert_non_null(strstr(text, "\"queueLength\":5"));
+    /* v1: all of the capacity */
+    assert_non_null(strstr(
+        text, "thaw_scaler_utilisation_target{namespace=\"ns\",scaledobject=\"so\",model=\"m1\"} 1"));
     evbuffer_free(b);
 
     /* Gone from the activators: only the jobs are left. */
