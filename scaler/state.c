@@ -26,8 +26,8 @@ struct model_sig {
     bool seen_in_answer;
     double held;
     double queued; /* waiting at activators' concurrency caps (replicas ready) */
-    bool changed;  /* an input changed in the update being applied */
-    double prev_rate;
+    uint64_t changed_in; /* the source update that last changed an input */
+    double prev_rate;    /* before the Prometheus answer being applied */
     bool prev_absent;
     int64_t wake_until_ms;
     uint64_t wakes;
@@ -41,7 +41,7 @@ struct queue_sig {
     char *group;
     double length;
     bool measured;
-    bool changed; /* the length changed in the update being applied */
+    uint64_t changed_in; /* the source update that last changed the length */
     bool wrong_type_logged;
     size_t users; /* targets pointing here */
 };
@@ -89,6 +89,7 @@ struct scaler_state {
     struct model_sig **hbatch_models;
     size_t nhbatch;
     uint64_t decision_changes;
+    uint64_t updates; /* source updates applied, numbering them for changed_in */
 };
 
 static const char *const source_names[SOURCE_COUNT] = {"prometheus", "redis_queue", "redis_held"};
@@ -259,22 +260,17 @@ void scaler_state_tick(struct scaler_state *st, int64_t now_ms)
  * change their decision anyway. A source that was failing decides everyone
  * (staleness ends for all). Deciding every target on every update cost four
  * decisions a second per target at 10 000 targets (BENCHMARKS.md). */
-static void decide_changed(struct scaler_state *st, bool all, int64_t now_ms)
+static void decide_changed(struct scaler_state *st, uint64_t update, bool all, int64_t now_ms)
 {
     size_t cur = 0;
     const char *key;
     void *value;
     while (strmap_next(st->targets, &cur, &key, &value)) {
         struct target *t = value;
-        if (all || t->model->changed || t->queue->changed || !t->decided)
+        if (all || t->model->changed_in == update || t->queue->changed_in == update ||
+            !t->decided)
             decide(st, t, now_ms);
     }
-    cur = 0;
-    while (strmap_next(st->models, &cur, &key, &value))
-        ((struct model_sig *)value)->changed = false;
-    cur = 0;
-    while (strmap_next(st->queues, &cur, &key, &value))
-        ((struct queue_sig *)value)->changed = false;
 }
 
 /* ---- targets ---------------------------------------------------------- */
@@ -462,6 +458,7 @@ void scaler_state_prom_ok(struct scaler_state *st, const struct prom_sample *sam
     size_t cur = 0;
     const char *key;
     void *value;
+    uint64_t update = ++st->updates;
     /* Mark every model absent, then clear the mark for those in the answer. */
     while (strmap_next(st->models, &cur, &key, &value)) {
         struct model_sig *m = value;
@@ -494,11 +491,11 @@ void scaler_state_prom_ok(struct scaler_state *st, const struct prom_sample *sam
             m->absent_since_ms = 0;
         }
         if (m->token_rate != m->prev_rate || (m->absent_since_ms != 0) != m->prev_absent)
-            m->changed = true;
+            m->changed_in = update;
     }
     bool all = st->src[SOURCE_PROMETHEUS].failing || !st->src[SOURCE_PROMETHEUS].ever_ok;
     source_ok(st, SOURCE_PROMETHEUS, now_ms);
-    decide_changed(st, all, now_ms);
+    decide_changed(st, update, all, now_ms);
 }
 
 size_t scaler_state_queue_batch(struct scaler_state *st, const struct redis_queue_query **out)
@@ -529,6 +526,7 @@ size_t scaler_state_queue_batch(struct scaler_state *st, const struct redis_queu
 void scaler_state_queue_ok(struct scaler_state *st, const long long *lengths, size_t n,
                            int64_t now_ms)
 {
+    uint64_t update = ++st->updates;
     for (size_t i = 0; i < n && i < st->nqbatch; i++) {
         struct queue_sig *q = st->qbatch_sigs[i];
         if (lengths[i] < 0) {
@@ -539,11 +537,11 @@ void scaler_state_queue_ok(struct scaler_state *st, const long long *lengths, si
                 q->wrong_type_logged = true;
             }
             if (q->length != 0 || !q->measured)
-                q->changed = true;
+                q->changed_in = update;
             q->length = 0;
         } else {
             if (q->length != (double)lengths[i] || !q->measured)
-                q->changed = true;
+                q->changed_in = update;
             q->length = (double)lengths[i];
             q->wrong_type_logged = false;
         }
@@ -551,7 +549,7 @@ void scaler_state_queue_ok(struct scaler_state *st, const long long *lengths, si
     }
     bool all = st->src[SOURCE_REDIS_QUEUE].failing || !st->src[SOURCE_REDIS_QUEUE].ever_ok;
     source_ok(st, SOURCE_REDIS_QUEUE, now_ms);
-    decide_changed(st, all, now_ms);
+    decide_changed(st, update, all, now_ms);
 }
 
 size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out)
@@ -581,18 +579,19 @@ size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out)
 void scaler_state_held_ok(struct scaler_state *st, const long long *held, const long long *queued,
                           size_t n, int64_t now_ms)
 {
+    uint64_t update = ++st->updates;
     for (size_t i = 0; i < n && i < st->nhbatch; i++) {
         struct model_sig *m = st->hbatch_models[i];
         double h = held[i] > 0 ? (double)held[i] : 0;
         double q = queued && queued[i] > 0 ? (double)queued[i] : 0;
         if (h != m->held || q != m->queued)
-            m->changed = true;
+            m->changed_in = update;
         m->held = h;
         m->queued = q;
     }
     bool all = st->src[SOURCE_REDIS_HELD].failing || !st->src[SOURCE_REDIS_HELD].ever_ok;
     source_ok(st, SOURCE_REDIS_HELD, now_ms);
-    decide_changed(st, all, now_ms);
+    decide_changed(st, update, all, now_ms);
 }
 
 size_t scaler_state_wake(struct scaler_state *st, const char *model, int64_t now_ms)
@@ -737,38 +736,28 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
         }
     }
 
-    expo_family(out, "thaw_scaler_input_token_rate", "gauge",
-                "Generation tokens per second per model, from the Prometheus query.");
-    cur = 0;
-    while (strmap_next(st->models, &cur, &key, &value)) {
-        const struct model_sig *m = value;
-        if (expo_labels(labels, sizeof(labels), "model", m->name, (char *)NULL) >= 0)
-            expo_sample(out, "thaw_scaler_input_token_rate", labels, m->token_rate);
-    }
-    expo_family(out, "thaw_scaler_input_held_requests", "gauge",
-                "Requests held by activators per model (a wake counts as one for a while).");
-    cur = 0;
-    while (strmap_next(st->models, &cur, &key, &value)) {
-        const struct model_sig *m = value;
-        if (expo_labels(labels, sizeof(labels), "model", m->name, (char *)NULL) >= 0)
-            expo_sample(out, "thaw_scaler_input_held_requests", labels,
-                        effective_held(m, now_ms));
-    }
-    expo_family(out, "thaw_scaler_input_queued_requests", "gauge",
-                "Requests waiting at activators' concurrency caps per model (replicas ready).");
-    cur = 0;
-    while (strmap_next(st->models, &cur, &key, &value)) {
-        const struct model_sig *m = value;
-        if (expo_labels(labels, sizeof(labels), "model", m->name, (char *)NULL) >= 0)
-            expo_sample(out, "thaw_scaler_input_queued_requests", labels, m->queued);
-    }
-    expo_family(out, "thaw_scaler_wake_messages_total", "counter",
-                "Wake messages received per model.");
-    cur = 0;
-    while (strmap_next(st->models, &cur, &key, &value)) {
-        const struct model_sig *m = value;
-        if (expo_labels(labels, sizeof(labels), "model", m->name, (char *)NULL) >= 0)
-            expo_sample(out, "thaw_scaler_wake_messages_total", labels, (double)m->wakes);
+    static const char *const per_model[][3] = {
+        {"thaw_scaler_input_token_rate", "gauge",
+         "Generation tokens per second per model, from the Prometheus query."},
+        {"thaw_scaler_input_held_requests", "gauge",
+         "Requests held by activators per model (a wake counts as one for a while)."},
+        {"thaw_scaler_input_queued_requests", "gauge",
+         "Requests waiting at activators' concurrency caps per model (replicas ready)."},
+        {"thaw_scaler_wake_messages_total", "counter", "Wake messages received per model."},
+    };
+    for (size_t f = 0; f < sizeof(per_model) / sizeof(per_model[0]); f++) {
+        expo_family(out, per_model[f][0], per_model[f][1], per_model[f][2]);
+        cur = 0;
+        while (strmap_next(st->models, &cur, &key, &value)) {
+            const struct model_sig *m = value;
+            if (expo_labels(labels, sizeof(labels), "model", m->name, (char *)NULL) < 0)
+                continue;
+            double v = f == 0   ? m->token_rate
+                       : f == 1 ? effective_held(m, now_ms)
+                       : f == 2 ? m->queued
+                                : (double)m->wakes;
+            expo_sample(out, per_model[f][0], labels, v);
+        }
     }
     expo_family(out, "thaw_scaler_decisions_total", "counter",
                 "Decision changes per model, by direction and reason.");
@@ -831,7 +820,8 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
             "s:f, s:b, s:{s:f, s:f, s:f, s:f}}",
             "namespace", t->ns, "scaledObject", t->name, "model", t->spec.model, "inputs",
             "tokenRate", t->model->token_rate, "queueLength", t->queue->length, "heldRequests",
-            effective_held(t->model, now_ms), "queuedRequests", t->model->queued, "redisKey", t->spec.redis_key, "tokenRateStale",
+            effective_held(t->model, now_ms), "queuedRequests", t->model->queued, "redisKey",
+            t->spec.redis_key, "tokenRateStale",
             (int)(st->src[SOURCE_PROMETHEUS].failing || t->model->absent_since_ms != 0),
             "queueStale", (int)(st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured), "heldStale",
             (int)st->src[SOURCE_REDIS_HELD].failing, "desired", (json_int_t)d->desired, "raw",

@@ -54,6 +54,17 @@ static void queues_empty(struct scaler_state *st, int64_t now)
     scaler_state_queue_ok(st, zeros, n, now);
 }
 
+/* /metrics then /models as one NUL-terminated text, kept in *b (caller frees). */
+static const char *render(const struct scaler_state *st, int64_t now_ms, struct evbuffer **b)
+{
+    *b = evbuffer_new();
+    assert_non_null(*b);
+    scaler_state_write_metrics(st, *b, now_ms);
+    scaler_state_write_models_json(st, *b, now_ms);
+    evbuffer_add(*b, "", 1);
+    return (const char *)evbuffer_pullup(*b, -1);
+}
+
 static void test_targets_share_signals(void **unused)
 {
     struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
@@ -160,11 +171,8 @@ static void test_fail_safe_and_staleness(void **unused)
     assert_int_equal(target_decision(t)->desired, 0);
     assert_false(target_beyond_staleness(st, t, 21001));
 
-    struct evbuffer *b = evbuffer_new();
-    scaler_state_write_metrics(st, b, 22000);
-    scaler_state_write_models_json(st, b, 22000);
-    evbuffer_add(b, "", 1);
-    const char *text = (const char *)evbuffer_pullup(b, -1);
+    struct evbuffer *b;
+    const char *text = render(st, 22000, &b);
     assert_non_null(strstr(text, "thaw_scaler_source_errors_total{source=\"prometheus\"} 1"));
     assert_non_null(strstr(text, "thaw_scaler_desired_replicas{namespace=\"ns\",scaledobject=\"so\",model=\"m1\"} 0"));
     assert_non_null(strstr(text, "\"reason\":\"idle\""));
@@ -245,11 +253,8 @@ static void test_queued_at_cap_is_backlog(void **unused)
     assert_true(target_decision(t)->active);
     assert_int_equal(target_decision(t)->reason, POLICY_REASON_QUEUE);
 
-    struct evbuffer *b = evbuffer_new();
-    scaler_state_write_metrics(st, b, 3);
-    scaler_state_write_models_json(st, b, 3);
-    evbuffer_add(b, "", 1);
-    const char *text = (const char *)evbuffer_pullup(b, -1);
+    struct evbuffer *b;
+    const char *text = render(st, 3, &b);
     assert_non_null(strstr(text, "thaw_scaler_input_queued_requests{model=\"m1\"} 25"));
     assert_non_null(strstr(text, "\"queuedRequests\":25"));
     assert_non_null(strstr(text, "\"queueLength\":5"));
