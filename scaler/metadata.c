@@ -55,6 +55,7 @@ static const struct policy_key policy_keys[] = {
     PK("drainTimeFactor", drain_time_factor, KNOB_NUMBER, 0, 100, true),
     PK("wakeBacklogShare", wake_backlog_share, KNOB_NUMBER, 0, 100, false),
     PK("panicWindowSeconds", panic_window_ms, KNOB_SECONDS, 0, 3600, false),
+    PK("panicLookahead", panic_lookahead, KNOB_NUMBER, 0, 100, false),
     PK("wakeRequestCost", wake_request_cost, KNOB_NUMBER, 0, 1e6, false),
     PK("burstinessThreshold", burst_cv, KNOB_NUMBER, 0, 1000, false),
     PK("burstyTargetUtilisation", bursty_utilisation, KNOB_NUMBER, 0, 1, true),

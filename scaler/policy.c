@@ -50,7 +50,8 @@ void policy_params_defaults(struct policy_params *p)
     p->tokens_per_request = 256;
     p->drain_time_factor = 0.33;
     p->wake_backlog_share = 1;
-    p->panic_window_ms = 0;
+    p->panic_window_ms = 3000;
+    p->panic_lookahead = 0.25;
     p->wake_request_cost = 0.5;
     p->burst_cv = 1.0;
     p->bursty_utilisation = 0.92;
@@ -615,16 +616,27 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         st->over_since_ms = NO_TIME;
     }
     /* Panic: a backlog that lasted the panic window counts before the
-     * queue window when this overload is likely to outlast a cold start. */
+     * queue window when this overload is likely to outlast a cold start.
+     * Once decided it holds until the overload ends: an overload that
+     * scaling cut short is recorded short, so the history would otherwise
+     * call off the panic of the next step halfway through. Bursty demand
+     * never panics: its overloads are the bursts the history cannot sort
+     * out (on the code trace panic cost 8 SLO points through a keep-warm
+     * change it set off). */
+    if (!over)
+        st->over_panic = false;
     int64_t qwin = queue_window(p);
-    if (p->panic_window_ms > 0 && over) {
-        bool worth = overload_outlasts(p, st, now_ms - st->over_since_ms);
-        if (worth && p->panic_window_ms < qwin &&
-            now_ms - st->over_since_ms >= p->panic_window_ms) {
+    bool panicking = false;
+    if (p->panic_window_ms > 0 && p->panic_window_ms < qwin && over &&
+        now_ms - st->over_since_ms >= p->panic_window_ms) {
+        if (!st->over_panic && !st->bursty)
+            st->over_panic = overload_outlasts(p, st, now_ms - st->over_since_ms);
+        if (st->over_panic) {
             double qp = queue_sustained(p->panic_window_ms, st, now_ms, q + h);
             if (qp > q_sust) {
                 q_sust = qp;
                 qwin = p->panic_window_ms;
+                panicking = true;
             }
         }
     }
@@ -638,6 +650,11 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         double fast = (r + kappa * (g > 0 ? g : 0)) / cap;
         if (fast > d_fc)
             extra = fast - d_fc;
+        /* In a panic the replicas asked for now arrive after an HPA sync
+         * and a cold start, to a backlog that grew meanwhile: clear part of
+         * that growth too (the wake term does the same with held requests). */
+        if (panicking && g > 0 && p->panic_lookahead > 0)
+            q_sust += g * p->panic_lookahead * cold_s;
         /* Up to Q queued requests are tolerated: they drain by themselves;
          * the rest is cleared within drain_time_factor cold starts. */
         if (q_sust > qlen) {

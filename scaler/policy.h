@@ -28,7 +28,10 @@
  *              own faster than a new replica could start
  *   panic    (panic_window_ms > 0): a backlog above Q for the panic window
  *              counts before queue_window_ms when most past overloads that
- *              lasted as long went on for another cold start, or none did
+ *              lasted as long went on for another cold start, or none did;
+ *              once it counts it counts until the overload ends; never while
+ *              the demand is bursty. While it counts, the backlog is projected
+ *              panic_lookahead cold starts ahead at its current growth
  *   desired  = max(level, surge, active ? 1 : 0)
  *   active   = busy, or idle for less than the keep-warm time
  *   busy     = r > activation_token_rate || queue > activation_queue_length
@@ -80,6 +83,8 @@ struct policy_params {
     int64_t panic_window_ms;         /* >= 0; 0 = off: a backlog above Q for this long counts
                                       * before queue_window_ms when past overloads that lasted
                                       * as long mostly outlasted one more cold start */
+    double panic_lookahead;          /* >= 0: while panicking, the backlog to clear is the
+                                      * queue plus its growth over this x cold start */
     double wake_request_cost;        /* >= 0: GPU-seconds one request held by a wake costs,
                                       * added to a cold start's cost in the keep-warm choice */
     double burst_cv;                 /* >= 0; 0 = off: the demand's coefficient of variation
@@ -180,6 +185,7 @@ struct policy_state {
     int64_t over_since_ms;
     int32_t over_ms[POLICY_OVERLOADS];
     int nover, over_next;
+    bool over_panic;             /* this overload's backlog counts early */
     /* Requests held by the last wakes (their peak), for keep-warm. */
     double wake_held[POLICY_WAKES];
     int nwake, wake_next;

@@ -842,10 +842,11 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
              * (0 means none: all of the capacity). */
             double u = t->decided ? t->pstate.utilisation
                                   : (p.target_utilisation > 0 ? p.target_utilisation : 1.0);
-            json_t *pol = json_pack("{s:s, s:f, s:f, s:b, s:f}", "name",
+            json_t *pol = json_pack("{s:s, s:f, s:f, s:b, s:b, s:f}", "name",
                                     t->spec.policy_v1 ? "v1" : "v2", "coldStartSeconds",
                                     (double)p.cold_start_ms / 1000.0, "targetUtilisation", u,
                                     "bursty", (int)(t->decided && t->pstate.bursty),
+                                    "panicking", (int)(t->decided && t->pstate.over_panic),
                                     "scaleDownWindowSeconds",
                                     (double)p.scale_down_window_ms / 1000.0);
             if (pol) {

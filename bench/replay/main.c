@@ -159,6 +159,8 @@ static int apply_thaw_overrides(const char *spec, struct sim_config *sc, char *e
             p->surge_hold_ms = (int64_t)(v * 1000);
         else if (strcmp(kv, "panic_window_s") == 0)
             p->panic_window_ms = (int64_t)(v * 1000);
+        else if (strcmp(kv, "panic_lookahead") == 0)
+            p->panic_lookahead = v;
         else if (strcmp(kv, "wake_request_cost") == 0)
             p->wake_request_cost = v;
         else if (strcmp(kv, "burst_cv") == 0)

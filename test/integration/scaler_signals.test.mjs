@@ -253,6 +253,30 @@ test('requests queued at activators\' concurrency caps add to the queue, not to 
   await waitActive(client, ref, false, 5000);
 });
 
+test('policy v2 panics on a new overload: the backlog counts after panicWindowSeconds, not queueWindowSeconds', async () => {
+  // 40 jobs, Q 10, 100 tokens/s per replica at 0.88, 256 tokens per job, a
+  // 10 s cold start: clearing the 30 over Q within 0.33 cold starts takes
+  // ceil(30 x 256 / (88 x 3.3)) = 27 replicas. Without a panic the backlog
+  // would count only once it had lasted half of the 45 s queue window.
+  const ref = scaledObjectRef('pn', {
+    model: 'pn', policy: 'v2', targetQueueLength: 10, targetTokensPerSecond: 100, coldStartSeconds: 10,
+  });
+  await client.getMetricSpec(ref);
+  const t0 = performance.now();
+  await redis.cli('RPUSH', 'thaw:queue:pn', ...Array.from({ length: 40 }, (_, i) => `j${i}`));
+  let last;
+  await waitUntil(async () => (last = await scaler.model('pn')).policy.panicking === true, 8000,
+    { what: 'panicking' }).catch((e) => { e.message += `; last ${JSON.stringify(last)}`; throw e; });
+  await waitUntil(async () => (await getDesired(client, ref)).value >= 20, 3000, { what: 'panic replicas' });
+  const ms = performance.now() - t0;
+  assert.ok(ms < 12000, `panic replicas after ${ms} ms`);
+  assert.equal((await scaler.model('pn')).reason, 'queue');
+  // The overload ends: the panic is over.
+  await redis.cli('DEL', 'thaw:queue:pn');
+  await waitUntil(async () => (await scaler.model('pn')).policy.panicking === false, 5000,
+    { what: 'panic over' });
+});
+
 test('policy v2 from the metadata: keep-warm lasts coldStartSeconds x keepWarmCost; v1 goes inactive at once', async () => {
   // surgeHoldSeconds 0: the wake's replica is not held on after the wake;
   // wakeRequestCost 0: the held requests add nothing to the break-even.
@@ -283,7 +307,7 @@ test('policy v2 from the metadata: keep-warm lasts coldStartSeconds x keepWarmCo
   // /models says which policy decides and what it learned.
   assert.deepEqual(last.policy, {
     name: 'v2', coldStartSeconds: 2, targetUtilisation: last.policy.targetUtilisation,
-    bursty: last.policy.bursty, scaleDownWindowSeconds: 0, keepWarmSeconds: 3,
+    bursty: last.policy.bursty, panicking: false, scaleDownWindowSeconds: 0, keepWarmSeconds: 3,
   });
   assert.equal((await scaler.model('kw-v1')).policy.name, 'v1');
   await waitActive(client, v2, false, 8000);

@@ -166,7 +166,7 @@ static void test_policy_keys(void **unused)
                            "drainTimeFactor", "0.5", "wakeBacklogShare", "1",
                            "scaleDownWindowSeconds", "20", "panicWindowSeconds", "12.5",
                            "wakeRequestCost", "2", "burstinessThreshold", "0",
-                           "burstyTargetUtilisation", "0.95"),
+                           "burstyTargetUtilisation", "0.95", "panicLookahead", "0.5"),
                      0);
     metadata_policy_params(&s, 123000, &p);
     assert_true(p.cold_start_ms == 2500);
@@ -185,6 +185,7 @@ static void test_policy_keys(void **unused)
     assert_true(p.wake_request_cost == 2);
     assert_true(p.burst_cv == 0);
     assert_true(p.bursty_utilisation == 0.95);
+    assert_true(p.panic_lookahead == 0.5);
     struct scaler_spec t;
     assert_int_equal(PARSE(&t, err, "model", "m", "coldStartSeconds", "2.5"), 0);
     assert_false(metadata_spec_equal(&s, &t)); /* a knob change is a spec change */

@@ -217,6 +217,7 @@ static struct policy_params v2(void)
     p.drain_time_factor = 1;
     p.wake_backlog_share = 0;
     p.panic_window_ms = 0;
+    p.panic_lookahead = 0;
     p.wake_request_cost = 0;
     p.burst_cv = 0;
     return p;
@@ -628,6 +629,100 @@ static void test_panic_on_new_overloads_only(void **unused)
     assert_true(d.desired >= 3); /* longer than every burst seen: panic */
 }
 
+/* An empty queue from `from` to `to` seconds, one replica's worth of rate. */
+static void calm(const struct policy_params *p, struct policy_state *st, int64_t from, int64_t to)
+{
+    for (int64_t t = from; t < to; t++)
+        run(p, st, 100, 0, 0, t * 1000);
+}
+
+static void test_panic_holds_until_the_overload_ends(void **unused)
+{
+    struct policy_params p = v2();
+    p.queue_window_ms = 40000;
+    p.panic_window_ms = 10000;
+    struct policy_state st;
+    policy_state_init(&st);
+    /* One overload that lasted 80 s: a new one that has lasted 10 s is
+     * likely to go on for another cold start (60 s), so it panics. */
+    calm(&p, &st, 0, 100);
+    overload(&p, &st, 100, 79);
+    calm(&p, &st, 180, 300);
+    struct policy_decision d = overload(&p, &st, 300, 10);
+    assert_true(d.desired >= 3);
+    /* At 25 s the history alone would call it off (80 s is not 25 s plus a
+     * cold start); the panic holds until this overload ends. Without it
+     * only the level would count (2) until the queue window (40 s). */
+    for (int t = 11; t <= 25; t++)
+        d = run(&p, &st, 100, 11 + 2.0 * t, 0, (300 + t) * 1000);
+    assert_true(d.desired >= 3);
+    assert_int_equal(d.reason, POLICY_REASON_QUEUE);
+    assert_true(st.over_panic);
+    /* When the overload ends the next one decides afresh. */
+    calm(&p, &st, 326, 330);
+    assert_false(st.over_panic);
+}
+
+static void test_no_panic_while_bursty(void **unused)
+{
+    struct policy_params p = v2();
+    p.queue_window_ms = 40000;
+    p.panic_window_ms = 10000;
+    p.burst_cv = 0.8;
+    p.bursty_utilisation = 1;
+    struct policy_params steady = p;
+    steady.burst_cv = 0;
+    struct policy_state b, s;
+    policy_state_init(&b);
+    policy_state_init(&s);
+    /* Five minutes of 0 / 1200 tokens/s alternating every 20 s (cv 1). */
+    for (int t = 0; t <= 425; t++) {
+        double r = (t / 20) % 2 ? 1200 : 0;
+        run(&p, &b, r, 0, 0, (int64_t)t * 1000);
+        run(&steady, &s, r, 0, 0, (int64_t)t * 1000);
+    }
+    assert_true(b.bursty);
+    struct policy_decision db = overload(&p, &b, 426, 14);
+    struct policy_decision ds = overload(&steady, &s, 426, 14);
+    assert_true(b.bursty);
+    assert_true(db.desired <= 2);     /* the level only, until the queue window */
+    assert_true(ds.desired >= 3);     /* the same overload panics when not bursty */
+    assert_int_equal(ds.reason, POLICY_REASON_QUEUE);
+}
+
+static void test_panic_lookahead_clears_the_growth_to_come(void **unused)
+{
+    struct policy_params p = v2();
+    p.queue_window_ms = 40000;
+    p.panic_window_ms = 10000;
+    struct policy_params ahead = p;
+    ahead.panic_lookahead = 1;
+    struct policy_state a, b;
+    policy_state_init(&a);
+    policy_state_init(&b);
+    calm(&p, &a, 0, 100);
+    calm(&ahead, &b, 0, 100);
+    /* At 14 s the queue (39) has grown 1.8/s over the panic window and its
+     * minimum there is 19: rate plus growth (100 + 180 tokens/s) and
+     * (19 - 10) requests over 60 s -> 2.95 -> 3 replicas. Looking a cold
+     * start ahead the backlog to clear is 19 + 1.8 x 60 = 127:
+     * 2.8 + 117 / 60 -> 4.75 -> 5. */
+    struct policy_decision now = overload(&p, &a, 100, 14);
+    struct policy_decision later = overload(&ahead, &b, 100, 14);
+    assert_int_equal(now.desired, 3);
+    assert_int_equal(later.desired, 5);
+    /* Outside a panic (the queue window's path) the lookahead adds nothing. */
+    ahead.panic_window_ms = 0;
+    p.panic_window_ms = 0;
+    policy_state_init(&a);
+    policy_state_init(&b);
+    calm(&p, &a, 0, 100);
+    calm(&ahead, &b, 0, 100);
+    now = overload(&p, &a, 100, 45);
+    later = overload(&ahead, &b, 100, 45);
+    assert_int_equal(now.desired, later.desired);
+}
+
 /* The same traffic decided once a second or four times a second ends in
  * the same place: history lives in time slots, not in calls. */
 static void test_call_rate_does_not_matter(void **unused)
@@ -682,6 +777,9 @@ int main(void)
         cmocka_unit_test(test_v2_stale_hold),
         cmocka_unit_test(test_call_rate_does_not_matter),
         cmocka_unit_test(test_panic_on_new_overloads_only),
+        cmocka_unit_test(test_panic_holds_until_the_overload_ends),
+        cmocka_unit_test(test_no_panic_while_bursty),
+        cmocka_unit_test(test_panic_lookahead_clears_the_growth_to_come),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
