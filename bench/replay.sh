@@ -40,6 +40,10 @@ run() {
     echo
     run --policies thaw-v1,thaw,oracle
     echo
+    echo "## Sensitivity: replicaConcurrency not set (the level plans for targetUtilisation 0.88 of capacity)"
+    echo
+    run --thaw replica_slots=0
+    echo
     echo "## Sensitivity: the token-rate query counts generated tokens only (the scaler's default query)"
     echo
     run --prompt-weight 0 --traces azure-code,azure-conv

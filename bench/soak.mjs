@@ -244,8 +244,9 @@ async function main() {
     cluster = new Cluster({
       scalerAddress: scaler.grpcAddress,
       models,
-      // coldStartSeconds: the replicas' 1.5 s load plus one KEDA poll.
-      metadata: { targetTokensPerSecond: 600, targetQueueLength: 10, coldStartSeconds: 4 },
+      // coldStartSeconds: the replicas' 1.5 s load plus one KEDA poll;
+      // replicaConcurrency: their --max-batch.
+      metadata: { targetTokensPerSecond: 600, targetQueueLength: 10, coldStartSeconds: 4, replicaConcurrency: 16 },
       pollingIntervalMs: 2000, cooldownMs: 10000, maxReplicaCount: 3, hpaSyncMs: 2000,
       behavior: defaultBehavior(2000),
       replica: {

@@ -56,6 +56,8 @@ static const struct policy_key policy_keys[] = {
     PK("wakeBacklogShare", wake_backlog_share, KNOB_NUMBER, 0, 100, false),
     PK("panicWindowSeconds", panic_window_ms, KNOB_SECONDS, 0, 3600, false),
     PK("panicLookahead", panic_lookahead, KNOB_NUMBER, 0, 100, false),
+    PK("replicaConcurrency", replica_slots, KNOB_NUMBER, 0, 1e6, false),
+    PK("staffingBeta", staffing_beta, KNOB_NUMBER, 0, 100, false),
     PK("wakeRequestCost", wake_request_cost, KNOB_NUMBER, 0, 1e6, false),
     PK("burstinessThreshold", burst_cv, KNOB_NUMBER, 0, 1000, false),
     PK("burstyTargetUtilisation", bursty_utilisation, KNOB_NUMBER, 0, 1, true),

@@ -52,6 +52,8 @@ void policy_params_defaults(struct policy_params *p)
     p->wake_backlog_share = 1;
     p->panic_window_ms = 3000;
     p->panic_lookahead = 0.25;
+    p->replica_slots = 0;
+    p->staffing_beta = 1;
     p->wake_request_cost = 0.5;
     p->burst_cv = 1.0;
     p->bursty_utilisation = 0.92;
@@ -487,6 +489,11 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
                  demand_cv(st, now_ms) > p->burst_cv;
     if (st->bursty)
         u = p->bursty_utilisation;
+    /* Steady demand on replicas whose batch size is known: the headroom is
+     * square-root staffing in batch slots (below), not a share of C. */
+    bool sqrt_staffed = !st->bursty && p->replica_slots > 0;
+    if (sqrt_staffed)
+        u = 1;
     st->utilisation = u;
     double cap = p->target_tokens_per_second * u;
     double qlen = p->target_queue_length;
@@ -598,7 +605,18 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         rate_record(st, now_ms, demand);
     double d_fc = cap > 0 ? rate_forecast(p, st, now_ms, demand, cap) / cap : 0;
     long by_rate = cap > 0 ? ceil_replicas(r / cap) : 0;
-    long level = ceil_replicas(d_fc);
+    /* The level: x = d_fc replicas of work at full capacity. Requests wait
+     * when all S x n batch slots are busy; with Poisson-like arrivals the
+     * slots needed for a given chance of waiting grow as load + beta x
+     * sqrt(load) (Halfin-Whitt), so one replica (16 slots) needs 25 %
+     * headroom and ten need 8 %: a single utilisation target either starves
+     * the small deployments or overpays the large ones. */
+    double base = d_fc;
+    if (sqrt_staffed && d_fc > 0) {
+        base = d_fc + p->staffing_beta * sqrt(d_fc / p->replica_slots);
+        st->utilisation = d_fc / base;
+    }
+    long level = ceil_replicas(base);
 
     /* The backlog itself: a queue that persisted over the queue window is
      * cleared within drain_time_factor cold starts, unless a wake just
@@ -664,7 +682,7 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
             extra += (q_sust - qlen) * kappa / (cap * drain_s);
         }
     }
-    long surge = ceil_replicas(d_fc + extra);
+    long surge = ceil_replicas(base + extra);
     if (counts_only) {
         long by_queue = qlen > 0 ? ceil_replicas(q / qlen) : 0;
         surge = by_queue > level ? by_queue : level;

@@ -7,13 +7,18 @@
  *   u        = bursty_utilisation while the demand is bursty (its coefficient
  *              of variation over the last 5 minutes above burst_cv; a burst
  *              of several times the level is met by the queue terms, not by
- *              headroom), else target_utilisation
+ *              headroom), else target_utilisation; 1 when replica_slots is
+ *              known (S > 0) and the demand is not bursty: then the level
+ *              has square-root headroom instead (below)
  *   demand   D = max(r, forecast of r over cold_start_ms + rate_lag_ms)
  *              forecast: least-squares trend of r over trend_window_ms
  *   backlog  B = queue that persisted for queue_window_ms (its minimum),
  *              counted only while it is not draining on its own
- *   level    = ceil(D / (C u)), held at its max over scale_down_window_ms
- *   surge    = ceil(D / (C u) + B / Q) and the wake term, held at their max
+ *   level    = ceil(L), L = D / (C u), or with S known and steady demand
+ *              L = x + staffing_beta x sqrt(x / S), x = D / C (square-root
+ *              staffing in batch slots); held at its max over
+ *              scale_down_window_ms
+ *   surge    = ceil(L + B / Q) and the wake term, held at their max
  *              over surge_hold_ms (a backlog is transient: no long hold)
  *   wake term (nothing ready, h requests held, growing at lambda lately):
  *              lambda plus wake_backlog_share x the backlog at release
@@ -85,6 +90,10 @@ struct policy_params {
                                       * as long mostly outlasted one more cold start */
     double panic_lookahead;          /* >= 0: while panicking, the backlog to clear is the
                                       * queue plus its growth over this x cold start */
+    double replica_slots;            /* >= 0; 0 = unknown: sequences one replica runs at once
+                                      * (vLLM --max-num-seqs); known, steady demand gets
+                                      * square-root headroom instead of target_utilisation */
+    double staffing_beta;            /* >= 0: the square-root headroom's factor */
     double wake_request_cost;        /* >= 0: GPU-seconds one request held by a wake costs,
                                       * added to a cold start's cost in the keep-warm choice */
     double burst_cv;                 /* >= 0; 0 = off: the demand's coefficient of variation

@@ -702,7 +702,8 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
          "Seconds since the target's decision last changed."},
         {"thaw_scaler_utilisation_target", "gauge",
          "Share of targetTokensPerSecond the last decision planned for (the bursty target "
-         "while the demand is bursty)."},
+         "while the demand is bursty; with replicaConcurrency, the square-root staffing's "
+         "share at the current demand)."},
     };
     for (size_t f = 0; f < sizeof(per_target) / sizeof(per_target[0]); f++) {
         expo_family(out, per_target[f][0], per_target[f][1], per_target[f][2]);

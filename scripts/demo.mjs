@@ -306,10 +306,12 @@ async function main() {
       scalerAddress: scaler.grpcAddress,
       models,
       // The policy's horizon: this stack's replica start (its weights load)
-      // plus one KEDA poll, as an operator would measure and set it.
+      // plus one KEDA poll, as an operator would measure and set it; and the
+      // replicas' batch size (vLLM's --max-num-seqs), for the level's headroom.
       metadata: {
         targetTokensPerSecond: opt.targetTokensPerSecond, targetQueueLength: 10,
-        coldStartSeconds: opt.coldStartSeconds + opt.pollingInterval, ...opt.triggerMetadata,
+        coldStartSeconds: opt.coldStartSeconds + opt.pollingInterval,
+        replicaConcurrency: opt.maxBatch, ...opt.triggerMetadata,
       },
       pollingIntervalMs: opt.pollingInterval * 1000,
       cooldownMs: opt.cooldown * 1000,

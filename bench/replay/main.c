@@ -161,6 +161,10 @@ static int apply_thaw_overrides(const char *spec, struct sim_config *sc, char *e
             p->panic_window_ms = (int64_t)(v * 1000);
         else if (strcmp(kv, "panic_lookahead") == 0)
             p->panic_lookahead = v;
+        else if (strcmp(kv, "replica_slots") == 0)
+            p->replica_slots = v;
+        else if (strcmp(kv, "staffing_beta") == 0)
+            p->staffing_beta = v;
         else if (strcmp(kv, "wake_request_cost") == 0)
             p->wake_request_cost = v;
         else if (strcmp(kv, "burst_cv") == 0)

@@ -51,6 +51,7 @@ void sim_config_defaults(struct sim_config *c, enum sim_kind kind)
      * 70 % default utilisation. */
     c->thaw.target_tokens_per_second = c->cluster.decode_tps;
     c->thaw.target_queue_length = c->cluster.slots;
+    c->thaw.replica_slots = c->cluster.slots; /* replicaConcurrency = --max-num-seqs */
     c->thaw.cold_start_ms = (int64_t)(c->cluster.cold_start_s * 1000);
     c->keda_target_tps = 0.75 * c->cluster.decode_tps;
     if (kind == SIM_THAW_V1) {

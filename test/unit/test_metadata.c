@@ -166,7 +166,8 @@ static void test_policy_keys(void **unused)
                            "drainTimeFactor", "0.5", "wakeBacklogShare", "1",
                            "scaleDownWindowSeconds", "20", "panicWindowSeconds", "12.5",
                            "wakeRequestCost", "2", "burstinessThreshold", "0",
-                           "burstyTargetUtilisation", "0.95", "panicLookahead", "0.5"),
+                           "burstyTargetUtilisation", "0.95", "panicLookahead", "0.5",
+                           "replicaConcurrency", "64", "staffingBeta", "0.5"),
                      0);
     metadata_policy_params(&s, 123000, &p);
     assert_true(p.cold_start_ms == 2500);
@@ -186,6 +187,8 @@ static void test_policy_keys(void **unused)
     assert_true(p.burst_cv == 0);
     assert_true(p.bursty_utilisation == 0.95);
     assert_true(p.panic_lookahead == 0.5);
+    assert_true(p.replica_slots == 64);
+    assert_true(p.staffing_beta == 0.5);
     struct scaler_spec t;
     assert_int_equal(PARSE(&t, err, "model", "m", "coldStartSeconds", "2.5"), 0);
     assert_false(metadata_spec_equal(&s, &t)); /* a knob change is a spec change */

@@ -4,6 +4,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 
@@ -218,6 +219,7 @@ static struct policy_params v2(void)
     p.wake_backlog_share = 0;
     p.panic_window_ms = 0;
     p.panic_lookahead = 0;
+    p.replica_slots = 0;
     p.wake_request_cost = 0;
     p.burst_cv = 0;
     return p;
@@ -242,6 +244,45 @@ static void test_utilisation_target(void **unused)
 /* Bursty demand (coefficient of variation over 5 minutes above burst_cv)
  * is sized with bursty_utilisation; steady demand with target_utilisation;
  * less than a minute of history is never bursty. */
+/* Steady demand at rate r on replicas of 16 batch slots; the decision at 100 s. */
+static struct policy_decision staffed(const struct policy_params *p, double r)
+{
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = {0};
+    for (int t = 0; t <= 100; t++)
+        d = run(p, &st, r, 0, 0, (int64_t)t * 1000);
+    return d;
+}
+
+static void test_square_root_staffing_when_the_batch_is_known(void **unused)
+{
+    struct policy_params p = v2();
+    p.target_utilisation = 0.5; /* not used for steady demand once S is known */
+    p.replica_slots = 16;
+    p.staffing_beta = 1;
+    /* x replicas of work get x + sqrt(x / 16): 25 % headroom for one replica,
+     * 8 % for ten, 6 % for sixteen. */
+    assert_int_equal(staffed(&p, 100).desired, 2);   /* 1 + 0.25 */
+    assert_int_equal(staffed(&p, 1000).desired, 11); /* 10 + 0.79 */
+    assert_int_equal(staffed(&p, 1600).desired, 17); /* 16 + 1 */
+    assert_int_equal(staffed(&p, 1500).desired, 16); /* 15 + 0.97 */
+    /* /models and the gauge show the share of capacity planned for. */
+    struct policy_state st;
+    policy_state_init(&st);
+    for (int t = 0; t <= 100; t++)
+        run(&p, &st, 1600, 0, 0, (int64_t)t * 1000);
+    assert_true(fabs(st.utilisation - 16.0 / 17.0) < 1e-9);
+    /* beta 0: no headroom at all. */
+    struct policy_params none = p;
+    none.staffing_beta = 0;
+    assert_int_equal(staffed(&none, 1000).desired, 10);
+    /* Batch unknown: the utilisation target (1000 / (100 x 0.5)). */
+    struct policy_params unknown = p;
+    unknown.replica_slots = 0;
+    assert_int_equal(staffed(&unknown, 1000).desired, 20);
+}
+
 static void test_bursty_demand_uses_its_own_utilisation(void **unused)
 {
     struct policy_params p = v2();
@@ -763,6 +804,7 @@ int main(void)
         cmocka_unit_test(test_v1_params_are_v1),
         cmocka_unit_test(test_defaults_are_sane),
         cmocka_unit_test(test_utilisation_target),
+        cmocka_unit_test(test_square_root_staffing_when_the_batch_is_known),
         cmocka_unit_test(test_bursty_demand_uses_its_own_utilisation),
         cmocka_unit_test(test_forecast_follows_a_trend),
         cmocka_unit_test(test_forecast_ignores_noise),
