@@ -54,7 +54,7 @@ void policy_params_defaults(struct policy_params *p)
     p->panic_lookahead = 0.25;
     p->replica_slots = 0;
     p->staffing_beta = 1;
-    p->wake_request_cost = 0.5;
+    p->wake_request_cost = 0.75;
     p->burst_cv = 1.0;
     p->bursty_utilisation = 0.92;
 }
@@ -80,6 +80,7 @@ void policy_state_init(struct policy_state *st)
         st->queue_slot[i] = NO_SLOT;
     st->idle_since_ms = NO_TIME;
     st->wake_release_ms = NO_TIME;
+    st->backlog_seen_ms = NO_TIME;
     st->last_call_ms = NO_TIME;
     st->first_call_ms = NO_TIME;
     st->keep_warm_ms = -1; /* not computed yet */
@@ -513,6 +514,15 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
 
     /* Activity and the idle gaps between busy periods. */
     bool busy = r > p->activation_token_rate || q > p->activation_queue_length || h > 0;
+    /* The token rate lags its window: requests released from a hold or a
+     * queue are being served while r still shows nothing. A backlog seen
+     * within the last rate window keeps the model busy, or the replicas
+     * serving it would be scaled to zero (and a false idle gap learned). */
+    if (q > p->activation_queue_length || h > 0)
+        st->backlog_seen_ms = now_ms;
+    if (!busy && st->backlog_seen_ms != NO_TIME &&
+        now_ms - st->backlog_seen_ms < p->rate_window_ms)
+        busy = true;
     if (busy && !st->busy) {
         if (st->seen_busy && st->idle_since_ms != NO_TIME)
             gap_record(p, st, now_ms - st->idle_since_ms);

@@ -40,7 +40,8 @@
  *   desired  = max(level, surge, active ? 1 : 0)
  *   active   = busy, or idle for less than the keep-warm time
  *   busy     = r > activation_token_rate || queue > activation_queue_length
- *              || held > 0
+ *              || held > 0, or either of the last two within rate_window_ms
+ *              (the rate has not shown the released backlog's tokens yet)
  *   keep-warm: the T minimising the cost of the last idle gaps g_i,
  *              sum(g_i <= T ? g_i : T + K), K = keep_warm_cost x cold_start_ms
  *              + wake_request_cost x (mean requests held by the last wakes)
@@ -195,6 +196,7 @@ struct policy_state {
     int32_t over_ms[POLICY_OVERLOADS];
     int nover, over_next;
     bool over_panic;             /* this overload's backlog counts early */
+    int64_t backlog_seen_ms;     /* last queue or held request seen, or NO_TIME */
     /* Requests held by the last wakes (their peak), for keep-warm. */
     double wake_held[POLICY_WAKES];
     int nwake, wake_next;

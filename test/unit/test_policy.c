@@ -479,61 +479,90 @@ static void test_tokens_per_request_counts_arrivals_after_release(void **unused)
     assert_int_equal(d.desired, 7);
 }
 
+/* A wake holding `held` requests from t for 6 s, then their tokens at 300/s
+ * until the rate window after the release is over; idle at t + 66 with 3
+ * replicas. Returns the decision when going idle. */
+static struct policy_decision wake_then_idle(const struct policy_params *p, struct policy_state *st,
+                                             int64_t t, double held)
+{
+    for (int k = 0; k <= 5; k++)
+        run(p, st, 0, 0, held, (t + k) * 1000);
+    for (int k = 6; k <= 65; k++)
+        run(p, st, 300, 0, 0, (t + k) * 1000);
+    return run(p, st, 0, 0, 0, (t + 66) * 1000);
+}
+
 static void test_keep_warm_counts_held_requests(void **unused)
 {
     struct policy_params p = v2();
     p.wake_request_cost = 2; /* GPU-seconds per held request */
     struct policy_state st;
     policy_state_init(&st);
-    int64_t t = 0;
     /* Wakes holding 30 requests each, 3 replicas when going idle, idle gaps
      * of 100 s: K = 60 s + 2 s x 30 / 3 = 80 s < 100 s, so going cold
      * at once is cheaper... */
-    for (int i = 0; i < 4; i++) {
-        for (int k = 0; k <= 5; k++)
-            run(&p, &st, 0, 0, 30, (t + k) * 1000);
-        run(&p, &st, 300, 0, 0, (t + 6) * 1000);
-        run(&p, &st, 0, 0, 0, (t + 7) * 1000);
-        t += 107;
-    }
-    for (int k = 0; k <= 5; k++)
-        run(&p, &st, 0, 0, 30, (t + k) * 1000);
-    run(&p, &st, 300, 0, 0, (t + 6) * 1000);
-    struct policy_decision d = run(&p, &st, 0, 0, 0, (t + 8) * 1000);
+    int64_t t = 0;
+    for (int i = 0; i < 4; i++, t += 166)
+        wake_then_idle(&p, &st, t, 30);
+    assert_int_equal(st.idle_replicas, 3);
+    struct policy_decision d = wake_then_idle(&p, &st, t, 30);
+    d = run(&p, &st, 0, 0, 0, (t + 67) * 1000);
     assert_false(d.active);
     /* ... but with wakes holding 90 requests K = 120 s > 100 s: keep warm
      * over the gaps. */
     policy_state_init(&st);
-    t = 0;
-    for (int i = 0; i < 4; i++) {
-        for (int k = 0; k <= 5; k++)
-            run(&p, &st, 0, 0, 90, (t + k) * 1000);
-        run(&p, &st, 300, 0, 0, (t + 6) * 1000);
-        run(&p, &st, 0, 0, 0, (t + 7) * 1000);
-        t += 107;
-    }
-    for (int k = 0; k <= 5; k++)
-        run(&p, &st, 0, 0, 90, (t + k) * 1000);
-    run(&p, &st, 300, 0, 0, (t + 6) * 1000);
-    d = run(&p, &st, 0, 0, 0, (t + 8) * 1000);
+    for (t = 0; t < 4 * 166; t += 166)
+        wake_then_idle(&p, &st, t, 90);
+    wake_then_idle(&p, &st, t, 90);
+    d = run(&p, &st, 0, 0, 0, (t + 67) * 1000);
     assert_true(d.active);
-    d = run(&p, &st, 0, 0, 0, (t + 99) * 1000);
+    d = run(&p, &st, 0, 0, 0, (t + 66 + 99) * 1000);
     assert_true(d.active);
-    d = run(&p, &st, 0, 0, 0, (t + 110) * 1000);
+    d = run(&p, &st, 0, 0, 0, (t + 66 + 110) * 1000);
     assert_false(d.active); /* just over the gaps seen, not for ever */
     /* Without the request cost the same wakes go cold at once. */
     p.wake_request_cost = 0;
     policy_state_init(&st);
-    t = 0;
-    for (int i = 0; i < 4; i++) {
-        for (int k = 0; k <= 5; k++)
-            run(&p, &st, 0, 0, 90, (t + k) * 1000);
-        run(&p, &st, 300, 0, 0, (t + 6) * 1000);
-        run(&p, &st, 0, 0, 0, (t + 7) * 1000);
-        t += 107;
+    for (t = 0; t < 4 * 166; t += 166)
+        wake_then_idle(&p, &st, t, 90);
+    wake_then_idle(&p, &st, t, 90);
+    d = run(&p, &st, 0, 0, 0, (t + 67) * 1000);
+    assert_false(d.active);
+}
+
+static void test_released_backlog_stays_busy_for_a_rate_window(void **unused)
+{
+    struct policy_params p = v2();
+    p.keep_warm_cost = 0.1; /* K = 6 s: goes cold soon after going idle */
+    struct policy_state st;
+    policy_state_init(&st);
+    /* A wake holds 20 requests for 10 s; they are released to the replicas
+     * at 10 s. The rate shows their tokens only a rate window (60 s) later:
+     * until then nothing says busy but the backlog just seen. */
+    for (int t = 0; t < 10; t++)
+        run(&p, &st, 0, 0, 20, (int64_t)t * 1000);
+    struct policy_decision d = {0};
+    for (int t = 10; t < 69; t++) {
+        d = run(&p, &st, 0, 0, 0, (int64_t)t * 1000);
+        assert_true(d.active);
     }
-    run(&p, &st, 300, 0, 0, (t + 6) * 1000);
-    d = run(&p, &st, 0, 0, 0, (t + 8) * 1000);
+    assert_int_equal(st.ngaps, 0); /* no false idle gap learned */
+    /* A rate window after the last held request, still nothing: idle, and
+     * after K not active. */
+    for (int t = 69; t < 80; t++)
+        d = run(&p, &st, 0, 0, 0, (int64_t)t * 1000);
+    assert_false(d.active);
+    /* Queued requests count too (a queue handed to replicas at once). */
+    policy_state_init(&st);
+    run(&p, &st, 0, 5, 0, 0);
+    d = run(&p, &st, 0, 0, 0, 30000);
+    assert_true(d.active);
+    /* v1 has no rate window: inactive as soon as the inputs are. */
+    struct policy_params v1;
+    policy_params_v1(&v1);
+    policy_state_init(&st);
+    run(&v1, &st, 0, 5, 0, 0);
+    d = run(&v1, &st, 0, 0, 0, 1000);
     assert_false(d.active);
 }
 
@@ -814,6 +843,7 @@ int main(void)
         cmocka_unit_test(test_tokens_per_request_learned_from_a_wake),
         cmocka_unit_test(test_tokens_per_request_counts_arrivals_after_release),
         cmocka_unit_test(test_keep_warm_counts_held_requests),
+        cmocka_unit_test(test_released_backlog_stays_busy_for_a_rate_window),
         cmocka_unit_test(test_keep_warm_break_even),
         cmocka_unit_test(test_zero_forgets_the_windows),
         cmocka_unit_test(test_v2_stale_hold),
