@@ -31,7 +31,7 @@ static const struct number_key number_keys[] = {
 
 /* Policy v2 knobs (docs/scaling-policy.md). Times are given in seconds, as
  * KEDA's own settings are, and kept in ms. */
-enum knob_unit { KNOB_NUMBER, KNOB_SECONDS };
+enum knob_unit { KNOB_NUMBER, KNOB_SECONDS, KNOB_COUNT /* a whole number */ };
 struct policy_key {
     const char *key;
     size_t offset; /* in struct policy_params */
@@ -56,7 +56,7 @@ static const struct policy_key policy_keys[] = {
     PK("wakeBacklogShare", wake_backlog_share, KNOB_NUMBER, 0, 100, false),
     PK("panicWindowSeconds", panic_window_ms, KNOB_SECONDS, 0, 3600, false),
     PK("panicLookahead", panic_lookahead, KNOB_NUMBER, 0, 100, false),
-    PK("replicaConcurrency", replica_slots, KNOB_NUMBER, 0, 1e6, false),
+    PK("replicaConcurrency", replica_slots, KNOB_COUNT, 0, 1e6, false),
     PK("staffingBeta", staffing_beta, KNOB_NUMBER, 0, 100, false),
     PK("wakeRequestCost", wake_request_cost, KNOB_NUMBER, 0, 1e6, false),
     PK("burstinessThreshold", burst_cv, KNOB_NUMBER, 0, 1000, false),
@@ -89,6 +89,12 @@ static int parse_policy_key(const struct policy_key *k, const char *value,
     double v;
     if (parse_bounded(k->key, value, k->min, k->max, k->min_open, &v, err, errlen) != 0)
         return -1;
+    if (k->unit == KNOB_COUNT && v != floor(v)) {
+        /* A batch of 0.001 sequences would ask for thousands of replicas. */
+        snprintf(err, errlen, "metadata key '%s': expected a whole number in [%g, %g], got '%.64s'",
+                 k->key, k->min, k->max, value);
+        return -1;
+    }
     void *slot = (char *)p + k->offset;
     if (k->unit == KNOB_SECONDS)
         *(int64_t *)slot = (int64_t)llround(v * 1000.0);

@@ -477,6 +477,19 @@ static bool overload_outlasts(const struct policy_params *p, const struct policy
     return as_long == 0 || 2 * longer >= as_long;
 }
 
+/* Replicas for x replicas of work. With the batch size S known and steady
+ * demand: requests wait when all S x n batch slots are busy, and with
+ * Poisson-like arrivals the slots needed for a given chance of waiting grow
+ * as load + beta x sqrt(load) (Halfin-Whitt). So one replica (16 slots)
+ * needs 25 % headroom and ten need 8 %: a single utilisation target either
+ * starves the small deployments or overpays the large ones. */
+static double staffed(const struct policy_params *p, bool sqrt_staffed, double x)
+{
+    if (sqrt_staffed && x > 0)
+        return x + p->staffing_beta * sqrt(x / p->replica_slots);
+    return x;
+}
+
 /* ---- the decision ------------------------------------------------------------ */
 
 void policy_decide(const struct policy_params *p, struct policy_state *st,
@@ -614,18 +627,10 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
     if (now_ms - st->first_call_ms >= p->rate_window_ms)
         rate_record(st, now_ms, demand);
     double d_fc = cap > 0 ? rate_forecast(p, st, now_ms, demand, cap) / cap : 0;
-    long by_rate = cap > 0 ? ceil_replicas(r / cap) : 0;
-    /* The level: x = d_fc replicas of work at full capacity. Requests wait
-     * when all S x n batch slots are busy; with Poisson-like arrivals the
-     * slots needed for a given chance of waiting grow as load + beta x
-     * sqrt(load) (Halfin-Whitt), so one replica (16 slots) needs 25 %
-     * headroom and ten need 8 %: a single utilisation target either starves
-     * the small deployments or overpays the large ones. */
-    double base = d_fc;
-    if (sqrt_staffed && d_fc > 0) {
-        base = d_fc + p->staffing_beta * sqrt(d_fc / p->replica_slots);
+    long by_rate = cap > 0 ? ceil_replicas(staffed(p, sqrt_staffed, r / cap)) : 0;
+    double base = staffed(p, sqrt_staffed, d_fc);
+    if (base > d_fc)
         st->utilisation = d_fc / base;
-    }
     long level = ceil_replicas(base);
 
     /* The backlog itself: a queue that persisted over the queue window is
@@ -647,11 +652,11 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
      * queue window when this overload is likely to outlast a cold start.
      * Once decided it holds until the overload ends: an overload that
      * scaling cut short is recorded short, so the history would otherwise
-     * call off the panic of the next step halfway through. Bursty demand
-     * never panics: its overloads are the bursts the history cannot sort
-     * out (on the code trace panic cost 8 SLO points through a keep-warm
-     * change it set off). */
-    if (!over)
+     * call off the panic of the next step halfway through. No panic starts
+     * while the demand is bursty: its overloads are the bursts the history
+     * cannot sort out (on the code trace panic cost 8 SLO points through a
+     * keep-warm change it set off). */
+    if (!over || p->panic_window_ms <= 0)
         st->over_panic = false;
     int64_t qwin = queue_window(p);
     bool panicking = false;

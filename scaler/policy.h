@@ -34,8 +34,8 @@
  *   panic    (panic_window_ms > 0): a backlog above Q for the panic window
  *              counts before queue_window_ms when most past overloads that
  *              lasted as long went on for another cold start, or none did;
- *              once it counts it counts until the overload ends; never while
- *              the demand is bursty. While it counts, the backlog is projected
+ *              once it counts it counts until the overload ends; it does not
+ *              start while the demand is bursty. While it counts, the backlog is projected
  *              panic_lookahead cold starts ahead at its current growth
  *   desired  = max(level, surge, active ? 1 : 0)
  *   active   = busy, or idle for less than the keep-warm time

@@ -220,6 +220,12 @@ static void test_policy_keys(void **unused)
     assert_int_equal(PARSE(&s, err, "model", "m", "scaleDownWindowSeconds", "x"), -1);
     assert_non_null(strstr(err, "'scaleDownWindowSeconds'"));
     assert_int_equal(PARSE(&s, err, "model", "m", "tokensPerRequest", "0"), -1);
+    assert_int_equal(PARSE(&s, err, "model", "m", "replicaConcurrency", "0.001"), -1);
+    assert_string_equal(
+        err, "metadata key 'replicaConcurrency': expected a whole number in [0, 1e+06], got '0.001'");
+    assert_int_equal(PARSE(&s, err, "model", "m", "replicaConcurrency", "-16"), -1);
+    assert_int_equal(PARSE(&s, err, "model", "m", "replicaConcurrency", "0"), 0);
+    metadata_spec_finish(&s);
 }
 
 int main(void)

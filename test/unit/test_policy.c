@@ -241,9 +241,6 @@ static void test_utilisation_target(void **unused)
     assert_int_equal(d.desired, 1);
 }
 
-/* Bursty demand (coefficient of variation over 5 minutes above burst_cv)
- * is sized with bursty_utilisation; steady demand with target_utilisation;
- * less than a minute of history is never bursty. */
 /* Steady demand at rate r on replicas of 16 batch slots; the decision at 100 s. */
 static struct policy_decision staffed(const struct policy_params *p, double r)
 {
@@ -281,8 +278,22 @@ static void test_square_root_staffing_when_the_batch_is_known(void **unused)
     struct policy_params unknown = p;
     unknown.replica_slots = 0;
     assert_int_equal(staffed(&unknown, 1000).desired, 20);
+    /* A flat rate is token_rate, not forecast: the rate's own count has the
+     * same headroom. */
+    assert_int_equal(staffed(&p, 1000).reason, POLICY_REASON_TOKEN_RATE);
+    /* The surge adds to the staffed level: one replica of work (1.25) and a
+     * steady queue of 58, 48 over Q cleared in 60 s (0.8): 2.05 -> 3. */
+    policy_state_init(&st);
+    struct policy_decision d = {0};
+    for (int t = 0; t <= 30; t++)
+        d = run(&p, &st, 100, 58, 0, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 3);
+    assert_int_equal(d.reason, POLICY_REASON_QUEUE);
 }
 
+/* Bursty demand (coefficient of variation over 5 minutes above burst_cv)
+ * is sized with bursty_utilisation; steady demand with target_utilisation;
+ * less than a minute of history is never bursty. */
 static void test_bursty_demand_uses_its_own_utilisation(void **unused)
 {
     struct policy_params p = v2();
@@ -319,6 +330,22 @@ static void test_bursty_demand_uses_its_own_utilisation(void **unused)
     assert_int_equal(db.desired, 12); /* 1200 / (100 x 1) at t = 425 (in a burst) */
     assert_false(off.bursty);
     assert_int_equal(doff.desired, 24); /* 1200 / (100 x 0.5) */
+
+    /* With the batch size known, steady demand is square-root staffed
+     * (4 + sqrt(4 / 16) -> 5) but bursty demand keeps bursty_utilisation. */
+    struct policy_params s16 = p;
+    s16.replica_slots = 16;
+    policy_state_init(&steady);
+    policy_state_init(&bursty);
+    for (int t = 0; t <= 425; t++) {
+        int64_t now = (int64_t)t * 1000;
+        double r = (t / 20) % 2 ? 1200 : 0;
+        ds = run(&s16, &steady, 400, 0, 0, now);
+        db = run(&s16, &bursty, r, 0, 0, now);
+    }
+    assert_int_equal(ds.desired, 5);
+    assert_true(bursty.bursty);
+    assert_int_equal(db.desired, 12);
 }
 
 static void test_forecast_follows_a_trend(void **unused)
@@ -552,11 +579,14 @@ static void test_released_backlog_stays_busy_for_a_rate_window(void **unused)
     for (int t = 69; t < 80; t++)
         d = run(&p, &st, 0, 0, 0, (int64_t)t * 1000);
     assert_false(d.active);
-    /* Queued requests count too (a queue handed to replicas at once). */
+    /* Queued requests count too (a queue handed to replicas at once): still
+     * busy 30 s later, where K (6 s) would have run out. */
     policy_state_init(&st);
     run(&p, &st, 0, 5, 0, 0);
-    d = run(&p, &st, 0, 0, 0, 30000);
+    for (int t = 1; t <= 30; t++)
+        d = run(&p, &st, 0, 0, 0, (int64_t)t * 1000);
     assert_true(d.active);
+    assert_int_equal(st.ngaps, 0);
     /* v1 has no rate window: inactive as soon as the inputs are. */
     struct policy_params v1;
     policy_params_v1(&v1);
