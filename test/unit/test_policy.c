@@ -686,15 +686,28 @@ static struct policy_decision overload(const struct policy_params *p, struct pol
     return d;
 }
 
-static void test_panic_on_new_overloads_only(void **unused)
+/* v2 with a 40 s queue window and a 10 s panic window. */
+static struct policy_params panicky(void)
 {
     struct policy_params p = v2();
     p.queue_window_ms = 40000;
     p.panic_window_ms = 10000;
+    return p;
+}
+
+/* An empty queue from `from` to `to` seconds, one replica's worth of rate. */
+static void calm(const struct policy_params *p, struct policy_state *st, int64_t from, int64_t to)
+{
+    for (int64_t t = from; t < to; t++)
+        run(p, st, 100, 0, 0, t * 1000);
+}
+
+static void test_panic_on_new_overloads_only(void **unused)
+{
+    struct policy_params p = panicky();
     struct policy_state st;
     policy_state_init(&st);
-    for (int t = 0; t < 100; t++)
-        run(&p, &st, 100, 0, 0, (int64_t)t * 1000);
+    calm(&p, &st, 0, 100);
     /* Nothing like it seen before: after the panic window the growth counts
      * (demand 100 + 100 x 2 = 300 tokens/s), long before the queue window. */
     struct policy_decision d = overload(&p, &st, 100, 14);
@@ -705,8 +718,7 @@ static void test_panic_on_new_overloads_only(void **unused)
     off.panic_window_ms = 0;
     struct policy_state st2;
     policy_state_init(&st2);
-    for (int t = 0; t < 100; t++)
-        run(&off, &st2, 100, 0, 0, (int64_t)t * 1000);
+    calm(&off, &st2, 0, 100);
     d = overload(&off, &st2, 100, 14);
     assert_true(d.desired <= 2);
 
@@ -715,13 +727,11 @@ static void test_panic_on_new_overloads_only(void **unused)
     policy_state_init(&st);
     int64_t t0 = 0;
     for (int i = 0; i < 6; i++, t0 += 200) {
-        for (int t = 0; t < 100; t++)
-            run(&p, &st, 100, 0, 0, (t0 + t) * 1000);
+        calm(&p, &st, t0, t0 + 100);
         overload(&p, &st, t0 + 100, 20);
         run(&p, &st, 100, 0, 0, (t0 + 121) * 1000); /* over after 21 s */
     }
-    for (int t = 0; t < 100; t++)
-        run(&p, &st, 100, 0, 0, (t0 + t) * 1000);
+    calm(&p, &st, t0, t0 + 100);
     d = overload(&p, &st, t0 + 100, 14);
     assert_true(d.desired <= 2); /* like the bursts: no replicas */
     for (int t = 15; t <= 26; t++)
@@ -729,18 +739,9 @@ static void test_panic_on_new_overloads_only(void **unused)
     assert_true(d.desired >= 3); /* longer than every burst seen: panic */
 }
 
-/* An empty queue from `from` to `to` seconds, one replica's worth of rate. */
-static void calm(const struct policy_params *p, struct policy_state *st, int64_t from, int64_t to)
-{
-    for (int64_t t = from; t < to; t++)
-        run(p, st, 100, 0, 0, t * 1000);
-}
-
 static void test_panic_holds_until_the_overload_ends(void **unused)
 {
-    struct policy_params p = v2();
-    p.queue_window_ms = 40000;
-    p.panic_window_ms = 10000;
+    struct policy_params p = panicky();
     struct policy_state st;
     policy_state_init(&st);
     /* One overload that lasted 80 s: a new one that has lasted 10 s is
@@ -765,9 +766,7 @@ static void test_panic_holds_until_the_overload_ends(void **unused)
 
 static void test_no_panic_while_bursty(void **unused)
 {
-    struct policy_params p = v2();
-    p.queue_window_ms = 40000;
-    p.panic_window_ms = 10000;
+    struct policy_params p = panicky();
     p.burst_cv = 0.8;
     p.bursty_utilisation = 1;
     struct policy_params steady = p;
@@ -792,9 +791,7 @@ static void test_no_panic_while_bursty(void **unused)
 
 static void test_panic_lookahead_clears_the_growth_to_come(void **unused)
 {
-    struct policy_params p = v2();
-    p.queue_window_ms = 40000;
-    p.panic_window_ms = 10000;
+    struct policy_params p = panicky();
     struct policy_params ahead = p;
     ahead.panic_lookahead = 1;
     struct policy_state a, b;
