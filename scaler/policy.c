@@ -722,6 +722,13 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
                        : 1;
         if (wake < 1 || counts_only)
             wake = 1;
+    } else if (!counts_only && cap > 0 && st->wake_release_ms != NO_TIME &&
+               now_ms - st->wake_release_ms < p->rate_window_ms) {
+        /* For a rate window after the release the rate cannot show the
+         * released requests' demand (the level falls back to what it saw
+         * before the wake, often nothing): the held requests' arrival rate
+         * at the release stands in for it, held like a surge. */
+        wake = ceil_replicas(staffed(p, sqrt_staffed, st->ep_lambda * kappa / cap));
     }
 
     d.raw = level > surge ? level : surge;

@@ -454,6 +454,32 @@ static void test_wake_sized_by_arrivals(void **unused)
     assert_int_equal(d.desired, 1);
 }
 
+static void test_released_arrivals_stand_in_for_the_rate(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = {0};
+    /* Held requests arriving at 5/s (5 replicas of work), released at 21 s
+     * to replicas the rate has not seen yet (0 for the whole minute). */
+    for (int t = 0; t <= 20; t++)
+        run(&p, &st, 0, 0, 1 + 5 * t, (int64_t)t * 1000);
+    for (int t = 21; t <= 80; t++) {
+        d = run(&p, &st, 0, 0, 0, (int64_t)t * 1000);
+        assert_int_equal(d.desired, 5); /* the arrival rate, for a rate window */
+        assert_int_equal(d.reason, POLICY_REASON_HELD);
+    }
+    /* A rate window after the release, still no rate: back to the level. */
+    d = run(&p, &st, 0, 0, 0, 81000);
+    assert_int_equal(d.desired, 1);
+    /* A burst that had ended before the release leaves nothing to hold. */
+    policy_state_init(&st);
+    for (int t = 0; t <= 30; t++)
+        run(&p, &st, 0, 0, 50, (int64_t)t * 1000);
+    d = run(&p, &st, 0, 0, 0, 31000);
+    assert_int_equal(d.desired, 1);
+}
+
 static void test_tokens_per_request_learned_from_a_wake(void **unused)
 {
     struct policy_params p = v2();
@@ -867,6 +893,7 @@ int main(void)
         cmocka_unit_test(test_demand_by_conservation),
         cmocka_unit_test(test_backlog_that_drains_or_bursts_adds_nothing),
         cmocka_unit_test(test_wake_sized_by_arrivals),
+        cmocka_unit_test(test_released_arrivals_stand_in_for_the_rate),
         cmocka_unit_test(test_tokens_per_request_learned_from_a_wake),
         cmocka_unit_test(test_tokens_per_request_counts_arrivals_after_release),
         cmocka_unit_test(test_keep_warm_counts_held_requests),
