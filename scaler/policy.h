@@ -30,7 +30,7 @@
  *              lambda until then), else the tokens_per_request prior
  *   after a release, for rate_window_ms (the rate cannot show the released
  *              requests yet), the wake term is lambda at the release x kappa /
- *              C, staffed like the level
+ *              (C u), staffed like the level
  *   B        = 0 for one cold start after a wake's backlog is released (the
  *              wake term sized for it), and 0 while the queue drains on its
  *              own faster than a new replica could start
