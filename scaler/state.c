@@ -437,6 +437,16 @@ static void source_ok(struct scaler_state *st, enum source_id s, int64_t now_ms)
     h->updates++;
 }
 
+/* A source answered: its health, then the decisions its update changed (a
+ * source that was failing or had never answered ends staleness for all). */
+static void source_updated(struct scaler_state *st, enum source_id s, uint64_t update,
+                           int64_t now_ms)
+{
+    bool all = st->src[s].failing || !st->src[s].ever_ok;
+    source_ok(st, s, now_ms);
+    decide_changed(st, update, all, now_ms);
+}
+
 void scaler_state_source_failed(struct scaler_state *st, enum source_id src, const char *err,
                                 int64_t now_ms)
 {
@@ -493,9 +503,7 @@ void scaler_state_prom_ok(struct scaler_state *st, const struct prom_sample *sam
         if (m->token_rate != m->prev_rate || (m->absent_since_ms != 0) != m->prev_absent)
             m->changed_in = update;
     }
-    bool all = st->src[SOURCE_PROMETHEUS].failing || !st->src[SOURCE_PROMETHEUS].ever_ok;
-    source_ok(st, SOURCE_PROMETHEUS, now_ms);
-    decide_changed(st, update, all, now_ms);
+    source_updated(st, SOURCE_PROMETHEUS, update, now_ms);
 }
 
 size_t scaler_state_queue_batch(struct scaler_state *st, const struct redis_queue_query **out)
@@ -547,9 +555,7 @@ void scaler_state_queue_ok(struct scaler_state *st, const long long *lengths, si
         }
         q->measured = true;
     }
-    bool all = st->src[SOURCE_REDIS_QUEUE].failing || !st->src[SOURCE_REDIS_QUEUE].ever_ok;
-    source_ok(st, SOURCE_REDIS_QUEUE, now_ms);
-    decide_changed(st, update, all, now_ms);
+    source_updated(st, SOURCE_REDIS_QUEUE, update, now_ms);
 }
 
 size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out)
@@ -589,9 +595,7 @@ void scaler_state_held_ok(struct scaler_state *st, const long long *held, const 
         m->held = h;
         m->queued = q;
     }
-    bool all = st->src[SOURCE_REDIS_HELD].failing || !st->src[SOURCE_REDIS_HELD].ever_ok;
-    source_ok(st, SOURCE_REDIS_HELD, now_ms);
-    decide_changed(st, update, all, now_ms);
+    source_updated(st, SOURCE_REDIS_HELD, update, now_ms);
 }
 
 size_t scaler_state_wake(struct scaler_state *st, const char *model, int64_t now_ms)
