@@ -51,7 +51,7 @@ void policy_params_defaults(struct policy_params *p)
     p->drain_time_factor = 0.33;
     p->wake_backlog_share = 1;
     p->panic_window_ms = 3000;
-    p->panic_lookahead = 0.25;
+    p->panic_lookahead = 0;
     p->replica_slots = 0;
     p->staffing_beta = 1;
     p->wake_request_cost = 0.75;
@@ -85,6 +85,7 @@ void policy_state_init(struct policy_state *st)
     st->first_call_ms = NO_TIME;
     st->keep_warm_ms = -1; /* not computed yet */
     st->over_since_ms = NO_TIME;
+    st->panic_since_ms = NO_TIME;
     st->ep_empty_ms = NO_TIME;
 }
 
@@ -662,8 +663,10 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
     bool panicking = false;
     if (p->panic_window_ms > 0 && p->panic_window_ms < qwin && over &&
         now_ms - st->over_since_ms >= p->panic_window_ms) {
-        if (!st->over_panic && !st->bursty)
+        if (!st->over_panic && !st->bursty) {
             st->over_panic = overload_outlasts(p, st, now_ms - st->over_since_ms);
+            st->panic_since_ms = now_ms;
+        }
         if (st->over_panic) {
             double qp = queue_sustained(p->panic_window_ms, st, now_ms, q + h);
             if (qp > q_sust) {
@@ -683,11 +686,18 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         double fast = (r + kappa * (g > 0 ? g : 0)) / cap;
         if (fast > d_fc)
             extra = fast - d_fc;
-        /* In a panic the replicas asked for now arrive after an HPA sync
-         * and a cold start, to a backlog that grew meanwhile: clear part of
-         * that growth too (the wake term does the same with held requests). */
-        if (panicking && g > 0 && p->panic_lookahead > 0)
-            q_sust += g * p->panic_lookahead * cold_s;
+        /* In a panic the replicas asked for arrive a cold start later, to
+         * a backlog that grew meanwhile: clear that growth too (the wake
+         * term does the same with held requests). The horizon is when the
+         * replicas asked for at the panic's start arrive, not a cold start
+         * from each call: the later asks would arrive after the first ones
+         * had cleared the backlog, started for nothing. */
+        if (panicking && g > 0) {
+            double ahead_s = cold_s - (double)(now_ms - st->panic_since_ms) / 1000.0;
+            if (ahead_s < p->panic_lookahead * cold_s)
+                ahead_s = p->panic_lookahead * cold_s;
+            q_sust += g * ahead_s;
+        }
         /* Up to Q queued requests are tolerated: they drain by themselves;
          * the rest is cleared within drain_time_factor cold starts. */
         if (q_sust > qlen) {

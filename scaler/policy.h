@@ -39,7 +39,9 @@
  *              lasted as long went on for another cold start, or none did;
  *              once it counts it counts until the overload ends; it does not
  *              start while the demand is bursty. While it counts, the backlog is projected
- *              panic_lookahead cold starts ahead at its current growth
+ *              at its current growth to when the replicas asked for at the panic's
+ *              start arrive (a cold start after it), and at least panic_lookahead
+ *              cold starts ahead
  *   desired  = max(level, surge, active ? 1 : 0)
  *   active   = busy, or idle for less than the keep-warm time
  *   busy     = r > activation_token_rate || queue > activation_queue_length
@@ -93,7 +95,9 @@ struct policy_params {
                                       * before queue_window_ms when past overloads that lasted
                                       * as long mostly outlasted one more cold start */
     double panic_lookahead;          /* >= 0: while panicking, the backlog to clear is the
-                                      * queue plus its growth over this x cold start */
+                                      * queue plus its growth until the replicas asked for
+                                      * at the panic's start arrive, and at least over
+                                      * this x cold start */
     double replica_slots;            /* >= 0; 0 = unknown: sequences one replica runs at once
                                       * (vLLM --max-num-seqs); known, steady demand gets
                                       * square-root headroom instead of target_utilisation */
@@ -199,6 +203,7 @@ struct policy_state {
     int32_t over_ms[POLICY_OVERLOADS];
     int nover, over_next;
     bool over_panic;             /* this overload's backlog counts early */
+    int64_t panic_since_ms;      /* when over_panic was set */
     int64_t backlog_seen_ms;     /* last queue or held request seen, or NO_TIME */
     /* Requests held by the last wakes (their peak), for keep-warm. */
     double wake_held[POLICY_WAKES];
