@@ -10,6 +10,8 @@
 #define NO_TIME INT64_MIN
 #define NO_SLOT INT32_MIN
 #define TREND_Z 3.0
+/* Episodes this many times off the median are outliers (kappa_estimate). */
+#define KAPPA_OUTLIER 3.0
 
 static const char *const reason_names[POLICY_REASON_COUNT] = {
     "idle",     "token_rate",        "queue",    "held_requests",
@@ -367,29 +369,44 @@ static double held_growth(const struct policy_state *st, int64_t now_ms, double 
 
 /* ---- tokens per request ------------------------------------------------------ */
 
-/* The median of the recent estimates (one per wake episode; robust to an
- * episode that a second burst or a long output skewed). Before any, 0. */
-static double kappa_median(const struct policy_state *st)
+/* Tokens per request over the recent episodes: their tokens over their
+ * requests in total, so a large episode counts for more than a small one
+ * (a ratio of totals; the median of per-episode ratios let the first two or
+ * three small, noisy episodes set the wake sizes). An episode more than
+ * KAPPA_OUTLIER x off the median episode is left out: a second burst whose
+ * tokens the rate showed but whose requests were never counted. Before any
+ * episode, 0. */
+static double kappa_estimate(const struct policy_state *st)
 {
-    double v[POLICY_KAPPAS];
+    double v[POLICY_KAPPAS] = {0};
     int n = st->nkappa;
+    if (n == 0)
+        return 0;
     for (int i = 0; i < n; i++) {
-        double x = st->kappa[i];
+        double x = st->kappa_tokens[i] / st->kappa_requests[i];
         int j = i;
         for (; j > 0 && v[j - 1] > x; j--)
             v[j] = v[j - 1];
         v[j] = x;
     }
-    if (n == 0)
-        return 0;
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    double median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    double tokens = 0, requests = 0;
+    for (int i = 0; i < n; i++) {
+        double x = st->kappa_tokens[i] / st->kappa_requests[i];
+        if (x > KAPPA_OUTLIER * median || x * KAPPA_OUTLIER < median)
+            continue;
+        tokens += st->kappa_tokens[i];
+        requests += st->kappa_requests[i];
+    }
+    return requests > 0 ? tokens / requests : median;
 }
 
-static void kappa_record(struct policy_state *st, double k)
+static void kappa_record(struct policy_state *st, double tokens, double requests)
 {
-    if (!(k > 0) || !isfinite(k))
+    if (!(tokens > 0) || !isfinite(tokens) || !(requests > 0) || !isfinite(requests))
         return;
-    st->kappa[st->kappa_next] = k;
+    st->kappa_tokens[st->kappa_next] = tokens;
+    st->kappa_requests[st->kappa_next] = requests;
     st->kappa_next = (st->kappa_next + 1) % POLICY_KAPPAS;
     if (st->nkappa < POLICY_KAPPAS)
         st->nkappa++;
@@ -598,8 +615,7 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         if (st->ep_empty_ms != NO_TIME && now_ms - st->ep_empty_ms >= p->rate_window_ms) {
             double after_s = (double)(st->ep_empty_ms - st->wake_release_ms) / 1000.0;
             double n = st->ep_requests + st->ep_lambda * (after_s > 0 ? after_s : 0);
-            if (n > 0)
-                kappa_record(st, st->ep_tokens / n);
+            kappa_record(st, st->ep_tokens, n);
             st->episode = false;
         }
     }
@@ -608,7 +624,7 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
     /* Without a request-size model (tokens_per_request 0) the queue and the
      * held requests are only counted, as in policy v1. */
     bool counts_only = !(p->tokens_per_request > 0);
-    double kappa = kappa_median(st);
+    double kappa = kappa_estimate(st);
     if (!(kappa > 0))
         kappa = p->tokens_per_request;
     if (counts_only)

@@ -23,11 +23,12 @@
  *   wake term (nothing ready, h requests held, growing at lambda lately):
  *              lambda plus wake_backlog_share x the backlog at release
  *              (h + lambda x cold start left) per cold start, in replicas:
- *              x kappa / (C u); kappa = tokens per request, the median of
- *              the last wake episodes' estimates (tokens the rate showed
- *              from the release until one rate window after the backlog was
- *              first gone, over the requests held plus those arriving at
- *              lambda until then), else the tokens_per_request prior
+ *              x kappa / (C u); kappa = tokens per request over the last
+ *              wake episodes (tokens the rate showed from the release until
+ *              one rate window after the backlog was first gone, over the
+ *              requests held plus those arriving at lambda until then): their
+ *              totals, leaving out episodes more than 3x off the median
+ *              episode; else the tokens_per_request prior
  *   after a release, for rate_window_ms (the rate cannot show the released
  *              requests yet), the wake term is lambda at the release x kappa /
  *              (C u), staffed like the level
@@ -196,7 +197,8 @@ struct policy_state {
     double ep_lambda;            /* the same at the episode's last release */
     int64_t last_call_ms;
     int64_t first_call_ms;
-    double kappa[POLICY_KAPPAS]; /* tokens per request, one per episode */
+    double kappa_tokens[POLICY_KAPPAS];   /* one wake episode's tokens ... */
+    double kappa_requests[POLICY_KAPPAS]; /* ... and requests, per episode */
     int nkappa, kappa_next;
     /* Overloads: periods with the backlog above Q (outside wakes). */
     int64_t over_since_ms;

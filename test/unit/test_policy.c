@@ -532,6 +532,43 @@ static void test_tokens_per_request_counts_arrivals_after_release(void **unused)
     assert_int_equal(d.desired, 7);
 }
 
+/* A wake episode: `held` requests held for 6 s from t, then `rate` tokens/s
+ * until the estimate closes a rate window after the release (61 calls of
+ * 1 s: 61 x rate tokens), then idle. */
+static void episode(const struct policy_params *p, struct policy_state *st, int64_t t,
+                    double held, double rate)
+{
+    for (int k = 0; k <= 5; k++)
+        run(p, st, 0, 0, held, (t + k) * 1000);
+    for (int k = 6; k <= 70; k++)
+        run(p, st, rate, 0, 0, (t + k) * 1000);
+    for (int k = 71; k < 200; k++)
+        run(p, st, 0, 0, 0, (t + k) * 1000);
+}
+
+static void test_tokens_per_request_pools_episodes_without_outliers(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    /* Two small episodes of 3 requests at ~100 tokens each, a large one of
+     * 30 requests at ~250 and an outlier of 3 requests at ~2000 (a second
+     * burst's tokens). Per 61/60: the median of the four is 175; the totals
+     * without the outlier (more than 3x the median) give (300 + 300 + 7500)
+     * / 36 = 225; with it 361. */
+    episode(&p, &st, 0, 3, 5);
+    episode(&p, &st, 200, 3, 5);
+    episode(&p, &st, 400, 30, 125);
+    episode(&p, &st, 600, 3, 100);
+    assert_int_equal(st.nkappa, 4);
+    /* A wake at 1 request/s: 229 / 100 -> 3 replicas (the median: 2; the
+     * totals with the outlier: 4). */
+    struct policy_decision d = {0};
+    for (int k = 0; k <= 20; k++)
+        d = run(&p, &st, 0, 0, 1 + k, (10000 + k) * 1000);
+    assert_int_equal(d.desired, 3);
+}
+
 /* A wake holding `held` requests from t for 6 s, then their tokens at 300/s
  * until the rate window after the release is over; idle at t + 66 with 3
  * replicas. Returns the decision when going idle. */
@@ -910,6 +947,7 @@ int main(void)
         cmocka_unit_test(test_released_arrivals_stand_in_for_the_rate),
         cmocka_unit_test(test_tokens_per_request_learned_from_a_wake),
         cmocka_unit_test(test_tokens_per_request_counts_arrivals_after_release),
+        cmocka_unit_test(test_tokens_per_request_pools_episodes_without_outliers),
         cmocka_unit_test(test_keep_warm_counts_held_requests),
         cmocka_unit_test(test_released_backlog_stays_busy_for_a_rate_window),
         cmocka_unit_test(test_keep_warm_break_even),
