@@ -229,7 +229,11 @@ async function main() {
     const activator = await startActivator({
       dir: work, redisUrl: redis.url,
       models: models.map((name) => ({ name, endpointsFile: path.join(endpointsDir, `${name}.endpoints`) })),
-      modelDefaults: { holdTimeoutSeconds: 120, maxHeldRequests: 100000, probeInitialMs: 20, probeMaxMs: 200 },
+      // maxConcurrencyPerEndpoint = the fake replicas' --max-batch, as recommended.
+      modelDefaults: {
+        holdTimeoutSeconds: 120, maxHeldRequests: 100000, probeInitialMs: 20, probeMaxMs: 200,
+        maxConcurrencyPerEndpoint: 16,
+      },
     });
     procs.activator = activator.proc;
     stopList.push(['thaw-activator', () => activator.stop()]);

@@ -293,7 +293,12 @@ async function main() {
       activator = await startActivator({
         dir: work, redisUrl: redis.url,
         models: models.map((name) => ({ name, endpointsFile: path.join(endpointsDir, `${name}.endpoints`) })),
-        modelDefaults: { holdTimeoutSeconds: Math.max(60, opt.duration), maxHeldRequests: 100000 },
+        // The cap is the replicas' batch, as docs/activator.md recommends: requests over it
+        // wait in the activator, where thaw-scaler sees them as queued.
+        modelDefaults: {
+          holdTimeoutSeconds: Math.max(60, opt.duration), maxHeldRequests: 100000,
+          maxConcurrencyPerEndpoint: opt.maxBatch,
+        },
       });
       handles.activator = activator;
       stopList.push(['thaw-activator', () => activator.stop()]);
