@@ -10,7 +10,7 @@
 #define NO_TIME INT64_MIN
 #define NO_SLOT INT32_MIN
 #define TREND_Z 3.0
-/* Episodes this many times off the median are outliers (kappa_estimate). */
+/* Episodes this many times off the weighted median are outliers (kappa_estimate). */
 #define KAPPA_OUTLIER 3.0
 
 static const char *const reason_names[POLICY_REASON_COUNT] = {
@@ -373,37 +373,50 @@ static double held_growth(const struct policy_state *st, int64_t now_ms, double 
  * requests in total, so a large episode counts for more than a small one
  * (a ratio of totals; the median of per-episode ratios let the first two or
  * three small, noisy episodes set the wake sizes). An episode more than
- * KAPPA_OUTLIER x off the median episode is left out: a second burst whose
- * tokens the rate showed but whose requests were never counted. Before any
- * episode, 0. */
+ * KAPPA_OUTLIER x off the request-weighted median episode is left out: a
+ * second burst whose tokens the rate showed but whose requests were never
+ * counted. Weighted, the centre is where most requests are; an unweighted
+ * median of two episodes is their mean, which an outlier always stays
+ * within. Before any episode, or with totals that overflowed, 0. */
 static double kappa_estimate(const struct policy_state *st)
 {
-    double v[POLICY_KAPPAS] = {0};
     int n = st->nkappa;
     if (n == 0)
         return 0;
+    /* Episode indices by ratio (at most POLICY_KAPPAS: insertion sort). */
+    int order[POLICY_KAPPAS];
+    double ratio[POLICY_KAPPAS], all = 0;
     for (int i = 0; i < n; i++) {
-        double x = st->kappa_tokens[i] / st->kappa_requests[i];
+        ratio[i] = st->kappa_tokens[i] / st->kappa_requests[i];
+        all += st->kappa_requests[i];
         int j = i;
-        for (; j > 0 && v[j - 1] > x; j--)
-            v[j] = v[j - 1];
-        v[j] = x;
+        for (; j > 0 && ratio[order[j - 1]] > ratio[i]; j--)
+            order[j] = order[j - 1];
+        order[j] = i;
     }
-    double median = n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+    double centre = ratio[order[n - 1]], seen = 0;
+    for (int k = 0; k < n; k++) {
+        seen += st->kappa_requests[order[k]];
+        if (seen * 2 >= all) {
+            centre = ratio[order[k]];
+            break;
+        }
+    }
     double tokens = 0, requests = 0;
     for (int i = 0; i < n; i++) {
-        double x = st->kappa_tokens[i] / st->kappa_requests[i];
-        if (x > KAPPA_OUTLIER * median || x * KAPPA_OUTLIER < median)
+        if (ratio[i] > KAPPA_OUTLIER * centre || ratio[i] * KAPPA_OUTLIER < centre)
             continue;
         tokens += st->kappa_tokens[i];
         requests += st->kappa_requests[i];
     }
-    return requests > 0 ? tokens / requests : median;
+    double k = tokens / requests; /* the centre itself is always in */
+    return isfinite(k) && k > 0 ? k : 0;
 }
 
 static void kappa_record(struct policy_state *st, double tokens, double requests)
 {
-    if (!(tokens > 0) || !isfinite(tokens) || !(requests > 0) || !isfinite(requests))
+    if (!(tokens > 0) || !isfinite(tokens) || !(requests > 0) || !isfinite(requests) ||
+        !isfinite(tokens / requests))
         return;
     st->kappa_tokens[st->kappa_next] = tokens;
     st->kappa_requests[st->kappa_next] = requests;
@@ -625,7 +638,7 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
      * held requests are only counted, as in policy v1. */
     bool counts_only = !(p->tokens_per_request > 0);
     double kappa = kappa_estimate(st);
-    if (!(kappa > 0))
+    if (!(kappa > 0) || !isfinite(kappa))
         kappa = p->tokens_per_request;
     if (counts_only)
         kappa = 0;
@@ -710,6 +723,8 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
          * had cleared the backlog, started for nothing. */
         if (panicking && g > 0) {
             double ahead_s = cold_s - (double)(now_ms - st->panic_since_ms) / 1000.0;
+            if (ahead_s > cold_s) /* a clock that went back */
+                ahead_s = cold_s;
             if (ahead_s < p->panic_lookahead * cold_s)
                 ahead_s = p->panic_lookahead * cold_s;
             q_sust += g * ahead_s;

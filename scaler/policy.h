@@ -27,8 +27,9 @@
  *              wake episodes (tokens the rate showed from the release until
  *              one rate window after the backlog was first gone, over the
  *              requests held plus those arriving at lambda until then): their
- *              totals, leaving out episodes more than 3x off the median
- *              episode; else the tokens_per_request prior
+ *              totals, leaving out episodes more than 3x off the
+ *              request-weighted median episode; else the tokens_per_request
+ *              prior
  *   after a release, for rate_window_ms (the rate cannot show the released
  *              requests yet), the wake term is lambda at the release x kappa /
  *              (C u), staffed like the level
@@ -205,7 +206,7 @@ struct policy_state {
     int32_t over_ms[POLICY_OVERLOADS];
     int nover, over_next;
     bool over_panic;             /* this overload's backlog counts early */
-    int64_t panic_since_ms;      /* when over_panic was set */
+    int64_t panic_since_ms;      /* while over_panic: when this overload's panic began */
     int64_t backlog_seen_ms;     /* last queue or held request seen, or NO_TIME */
     /* Requests held by the last wakes (their peak), for keep-warm. */
     double wake_held[POLICY_WAKES];

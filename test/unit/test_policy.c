@@ -553,9 +553,10 @@ static void test_tokens_per_request_pools_episodes_without_outliers(void **unuse
     policy_state_init(&st);
     /* Two small episodes of 3 requests at ~100 tokens each, a large one of
      * 30 requests at ~250 and an outlier of 3 requests at ~2000 (a second
-     * burst's tokens). Per 61/60: the median of the four is 175; the totals
-     * without the outlier (more than 3x the median) give (300 + 300 + 7500)
-     * / 36 = 225; with it 361. */
+     * burst's tokens). Per 61/60: the median of the four is 175, the
+     * request-weighted median 254; the totals without the outlier (more than
+     * 3x the weighted median) give (300 + 300 + 7500) / 36 = 225; with it
+     * 361.5. */
     episode(&p, &st, 0, 3, 5);
     episode(&p, &st, 200, 3, 5);
     episode(&p, &st, 400, 30, 125);
@@ -567,6 +568,34 @@ static void test_tokens_per_request_pools_episodes_without_outliers(void **unuse
     for (int k = 0; k <= 20; k++)
         d = run(&p, &st, 0, 0, 1 + k, (10000 + k) * 1000);
     assert_int_equal(d.desired, 3);
+}
+
+static void test_tokens_per_request_two_episodes_and_broken_totals(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    /* Two episodes: 30 requests at ~250 tokens and an outlier of 3 at
+     * ~2000. An unweighted median (their mean, 1 140) would keep the outlier
+     * and drop the good one; weighted by requests the centre is 254 and the
+     * outlier goes: a wake at 1 request/s gets 3 replicas, not 19. */
+    episode(&p, &st, 0, 30, 125);
+    episode(&p, &st, 200, 3, 100);
+    struct policy_decision d = {0};
+    for (int k = 0; k <= 20; k++)
+        d = run(&p, &st, 0, 0, 1 + k, (10000 + k) * 1000);
+    assert_int_equal(d.desired, 3);
+
+    /* A broken source's finite but absurd rate (1e306 tokens/s) in three
+     * episodes: their totals overflow. The prior stands in, so a steady
+     * 5 000 tokens/s still gets its 50 replicas (an infinite kappa made the
+     * demand NaN and the level 0). */
+    policy_state_init(&st);
+    for (int i = 0; i < 3; i++)
+        episode(&p, &st, 200 * i, 3, 1e306);
+    for (int k = 0; k < 120; k++)
+        d = run(&p, &st, 5000, 0, 0, (1000 + k) * 1000);
+    assert_int_equal(d.desired, 50);
 }
 
 /* A wake holding `held` requests from t for 6 s, then their tokens at 300/s
@@ -876,6 +905,12 @@ static void test_panic_clears_the_growth_until_its_replicas_arrive(void **unused
             most = d.desired;
     }
     assert_true(most <= 6);
+    /* The overload ends; the next one's panic looks ahead from its own start
+     * (the last one outlasted a cold start, so it panics at once too). */
+    calm(&p, &st, 171, 400);
+    d = overload(&p, &st, 400, 14);
+    assert_true(st.over_panic);
+    assert_int_equal(d.desired, 5);
     /* A horizon of a cold start from every call (panic_lookahead 1) asks for
      * more and more as the queue grows. */
     struct policy_params ahead = p;
@@ -948,6 +983,7 @@ int main(void)
         cmocka_unit_test(test_tokens_per_request_learned_from_a_wake),
         cmocka_unit_test(test_tokens_per_request_counts_arrivals_after_release),
         cmocka_unit_test(test_tokens_per_request_pools_episodes_without_outliers),
+        cmocka_unit_test(test_tokens_per_request_two_episodes_and_broken_totals),
         cmocka_unit_test(test_keep_warm_counts_held_requests),
         cmocka_unit_test(test_released_backlog_stays_busy_for_a_rate_window),
         cmocka_unit_test(test_keep_warm_break_even),
