@@ -527,6 +527,13 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
                    const struct policy_inputs *in, int64_t now_ms, struct policy_decision *out)
 {
     double r = clean(in->token_rate), q = clean(in->queue), h = clean(in->held);
+    /* Out of contract but kept defined: a time before 0 would index the
+     * windows with a negative remainder, one near INT64_MAX overflow when a
+     * window is added to it. Such times act as the nearest valid one. */
+    if (now_ms < 0)
+        now_ms = 0;
+    else if (now_ms > POLICY_MAX_TIME_MS)
+        now_ms = POLICY_MAX_TIME_MS;
     double u = p->target_utilisation > 0 && p->target_utilisation <= 1 ? p->target_utilisation : 1;
     /* Bursty demand: headroom does not absorb bursts of several times the
      * level (the queue and wake terms do), so less of it is kept. */

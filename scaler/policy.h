@@ -74,6 +74,7 @@
 #define POLICY_HELD_SLOTS 16    /* held history during a wake, one slot per 2 s */
 #define POLICY_OVERLOADS 16     /* overload (backlog above Q) durations remembered */
 #define POLICY_BURST_WINDOW_MS 300000 /* demand history judged for burstiness */
+#define POLICY_MAX_TIME_MS (INT64_MAX / 4) /* later times act as this one */
 
 struct policy_params {
     double target_tokens_per_second; /* > 0: tokens/s one replica sustains */
@@ -218,7 +219,8 @@ struct policy_state {
 
 void policy_state_init(struct policy_state *st);
 
-/* Decides at now_ms (monotonic, non-decreasing across calls) and updates st. */
+/* Decides at now_ms (monotonic, non-decreasing across calls; times below 0
+ * or above POLICY_MAX_TIME_MS act as the nearest bound) and updates st. */
 void policy_decide(const struct policy_params *p, struct policy_state *st,
                    const struct policy_inputs *in, int64_t now_ms, struct policy_decision *out);
 

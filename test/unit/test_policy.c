@@ -959,6 +959,41 @@ static void test_call_rate_does_not_matter(void **unused)
     assert_int_equal(da.desired, db.desired);
 }
 
+/* Times are monotonic and non-negative in the scaler (clock_mono_ms), but
+ * the policy must stay defined whatever it is given: times before 0 and
+ * near INT64_MAX, and jumps between them, with every term active (UBSan
+ * catches an index out of bounds; an earlier version indexed its windows
+ * with a negative remainder). Out of range times act as the nearest
+ * valid one, so the window still holds. */
+static void test_times_out_of_range_are_clamped(void **unused)
+{
+    struct policy_params p;
+    policy_params_defaults(&p);
+    p.target_tokens_per_second = 1000;
+    p.scale_down_window_ms = 60000;
+    p.replica_slots = 0;
+    p.target_utilisation = 1;
+    p.burst_cv = 0;
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = run(&p, &st, 5000, 0, 0, -10000);
+    assert_int_equal(d.desired, 5);
+    d = run(&p, &st, 1000, 0, 0, -7500);
+    assert_int_equal(d.desired, 5); /* held: both times act as 0 */
+    assert_int_equal(d.reason, POLICY_REASON_STABILIZING);
+    const int64_t times[] = {-1,        -1875,         -60001,         INT64_MIN + 1,
+                             INT64_MAX, INT64_MAX - 1, 0,              123456789,
+                             -7500,     INT64_MAX / 2, INT64_MIN / 2, 50};
+    for (int round = 0; round < 4; round++) {
+        for (size_t i = 0; i < sizeof(times) / sizeof(times[0]); i++) {
+            d = run(&p, &st, 3000.0 * (double)(i % 3), (double)(i % 4) * 20, (double)(i % 5 == 0),
+                    times[i]);
+            assert_true(d.desired >= 0 && d.desired <= POLICY_MAX_REPLICAS);
+            assert_true(d.raw >= 0 && d.raw <= POLICY_MAX_REPLICAS);
+        }
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -994,6 +1029,7 @@ int main(void)
         cmocka_unit_test(test_panic_holds_until_the_overload_ends),
         cmocka_unit_test(test_no_panic_while_bursty),
         cmocka_unit_test(test_panic_clears_the_growth_until_its_replicas_arrive),
+        cmocka_unit_test(test_times_out_of_range_are_clamped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
