@@ -12,6 +12,11 @@
 #define TREND_Z 3.0
 /* Episodes this many times off the weighted median are outliers (kappa_estimate). */
 #define KAPPA_OUTLIER 3.0
+/* An episode more than this factor off the tokens_per_request prior is a
+ * token-rate source unrelated to the held requests (a query summing other
+ * models, a broken exporter), not a workload: requests of a 1M-token context
+ * at the default prior of 256 are ~4 000x, so it is set well above that. */
+#define KAPPA_IMPLAUSIBLE 10000.0
 
 static const char *const reason_names[POLICY_REASON_COUNT] = {
     "idle",     "token_rate",        "queue",    "held_requests",
@@ -413,10 +418,15 @@ static double kappa_estimate(const struct policy_state *st)
     return isfinite(k) && k > 0 ? k : 0;
 }
 
-static void kappa_record(struct policy_state *st, double tokens, double requests)
+static void kappa_record(const struct policy_params *p, struct policy_state *st, double tokens,
+                         double requests)
 {
     if (!(tokens > 0) || !isfinite(tokens) || !(requests > 0) || !isfinite(requests) ||
         !isfinite(tokens / requests))
+        return;
+    double prior = p->tokens_per_request;
+    if (prior > 0 && (tokens / requests > prior * KAPPA_IMPLAUSIBLE ||
+                      tokens / requests * KAPPA_IMPLAUSIBLE < prior))
         return;
     st->kappa_tokens[st->kappa_next] = tokens;
     st->kappa_requests[st->kappa_next] = requests;
@@ -635,7 +645,7 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         if (st->ep_empty_ms != NO_TIME && now_ms - st->ep_empty_ms >= p->rate_window_ms) {
             double after_s = (double)(st->ep_empty_ms - st->wake_release_ms) / 1000.0;
             double n = st->ep_requests + st->ep_lambda * (after_s > 0 ? after_s : 0);
-            kappa_record(st, st->ep_tokens, n);
+            kappa_record(p, st, st->ep_tokens, n);
             st->episode = false;
         }
     }

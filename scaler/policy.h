@@ -28,7 +28,8 @@
  *              one rate window after the backlog was first gone, over the
  *              requests held plus those arriving at lambda until then): their
  *              totals, leaving out episodes more than 3x off the
- *              request-weighted median episode; else the tokens_per_request
+ *              request-weighted median episode (and never learning one more
+ *              than 10 000x off the prior); else the tokens_per_request
  *              prior
  *   after a release, for rate_window_ms (the rate cannot show the released
  *              requests yet), the wake term is lambda at the release x kappa /

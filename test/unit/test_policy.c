@@ -598,6 +598,33 @@ static void test_tokens_per_request_two_episodes_and_broken_totals(void **unused
     assert_int_equal(d.desired, 50);
 }
 
+/* A token-rate source unrelated to the held requests (1e6 tokens/s after
+ * wakes of 3 requests: ~2e7 tokens per request against a prior of 100)
+ * teaches nothing: the next wake is sized as with no episode at all (with
+ * the episodes learned it asked for the maximum). A plausible episode (~250
+ * against 100) still counts. */
+static void test_tokens_per_request_ignores_implausible_episodes(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state fresh, st;
+    policy_state_init(&fresh);
+    policy_state_init(&st);
+    for (int i = 0; i < 3; i++)
+        episode(&p, &st, 200 * i, 3, 1e6);
+    assert_int_equal(st.nkappa, 0);
+    struct policy_decision d = {0}, want = {0};
+    for (int k = 0; k <= 20; k++) {
+        d = run(&p, &st, 0, 0, 1 + k, (10000 + k) * 1000);
+        want = run(&p, &fresh, 0, 0, 1 + k, (10000 + k) * 1000);
+    }
+    assert_int_equal(d.desired, want.desired);
+    assert_true(d.desired <= 2);
+
+    policy_state_init(&st);
+    episode(&p, &st, 0, 30, 125);
+    assert_int_equal(st.nkappa, 1);
+}
+
 /* A wake holding `held` requests from t for 6 s, then their tokens at 300/s
  * until the rate window after the release is over; idle at t + 66 with 3
  * replicas. Returns the decision when going idle. */
@@ -1019,6 +1046,7 @@ int main(void)
         cmocka_unit_test(test_tokens_per_request_counts_arrivals_after_release),
         cmocka_unit_test(test_tokens_per_request_pools_episodes_without_outliers),
         cmocka_unit_test(test_tokens_per_request_two_episodes_and_broken_totals),
+        cmocka_unit_test(test_tokens_per_request_ignores_implausible_episodes),
         cmocka_unit_test(test_keep_warm_counts_held_requests),
         cmocka_unit_test(test_released_backlog_stays_busy_for_a_rate_window),
         cmocka_unit_test(test_keep_warm_break_even),
