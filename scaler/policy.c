@@ -435,6 +435,14 @@ static void kappa_record(const struct policy_params *p, struct policy_state *st,
         st->nkappa++;
 }
 
+double policy_tokens_per_request(const struct policy_params *p, const struct policy_state *st)
+{
+    if (!(p->tokens_per_request > 0))
+        return 0;
+    double kappa = kappa_estimate(st);
+    return kappa > 0 && isfinite(kappa) ? kappa : p->tokens_per_request;
+}
+
 /* ---- keep-warm ------------------------------------------------------------- */
 
 /* Ski rental with the gaps seen: the keep-warm time T minimising
@@ -654,11 +662,7 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
     /* Without a request-size model (tokens_per_request 0) the queue and the
      * held requests are only counted, as in policy v1. */
     bool counts_only = !(p->tokens_per_request > 0);
-    double kappa = kappa_estimate(st);
-    if (!(kappa > 0) || !isfinite(kappa))
-        kappa = p->tokens_per_request;
-    if (counts_only)
-        kappa = 0;
+    double kappa = policy_tokens_per_request(p, st);
 
     /* Demand by conservation over the rate window W: what arrived is what
      * was served (the rate r) plus what queued up meanwhile, so

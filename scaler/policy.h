@@ -225,6 +225,10 @@ void policy_state_init(struct policy_state *st);
 void policy_decide(const struct policy_params *p, struct policy_state *st,
                    const struct policy_inputs *in, int64_t now_ms, struct policy_decision *out);
 
+/* The tokens one request costs as the wake terms use it now: learned from
+ * the wake episodes when there are any (kappa), else the tokens_per_request
+ * prior; 0 when tokens_per_request is 0 (no request-size model: counts only). */
+double policy_tokens_per_request(const struct policy_params *p, const struct policy_state *st);
 const char *policy_reason_to_str(enum policy_reason r);
 const char *policy_direction_to_str(enum policy_direction d);
 

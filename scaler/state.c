@@ -708,6 +708,15 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
          "Share of targetTokensPerSecond the last decision planned for (the bursty target "
          "while the demand is bursty; with replicaConcurrency, the square-root staffing's "
          "share at the current demand)."},
+        {"thaw_scaler_tokens_per_request", "gauge",
+         "Tokens one request costs as the wake terms size it: learned from the model's wakes, "
+         "else tokensPerRequest (0: policy v1, counts only)."},
+        {"thaw_scaler_keep_warm_seconds", "gauge",
+         "How long the model stays at one replica once idle before going to zero (the "
+         "keep-warm break-even over its idle gaps); policy v2, after its first decision."},
+        {"thaw_scaler_panicking", "gauge",
+         "1 while a panic counts the backlog early (a queue above targetQueueLength likely to "
+         "outlast a cold start)."},
     };
     for (size_t f = 0; f < sizeof(per_target) / sizeof(per_target[0]); f++) {
         expo_family(out, per_target[f][0], per_target[f][1], per_target[f][2]);
@@ -735,6 +744,20 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
             case 3: v = t->queue->length; break;
             case 5: v = (double)(now_ms - t->last_change_ms) / 1000.0; break;
             case 6: v = t->decided ? t->pstate.utilisation : 0; break;
+            case 7:
+            case 8: {
+                struct policy_params p;
+                metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms, &p);
+                if (f == 7) {
+                    v = policy_tokens_per_request(&p, &t->pstate);
+                    break;
+                }
+                if (t->spec.policy_v1 || !t->decided || t->pstate.keep_warm_ms < 0)
+                    continue; /* no keep-warm, or not known yet */
+                v = (double)t->pstate.keep_warm_ms / 1000.0;
+                break;
+            }
+            case 9: v = t->decided && t->pstate.over_panic ? 1 : 0; break;
             default: break;
             }
             expo_sample(out, per_target[f][0], labels, v);
@@ -859,6 +882,11 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
                 int64_t kw = t->spec.policy_v1 ? 0 : t->pstate.keep_warm_ms;
                 json_object_set_new(pol, "keepWarmSeconds",
                                     kw >= 0 ? json_real((double)kw / 1000.0) : json_null());
+                /* Learned from this many wake episodes; 0: the prior. */
+                json_object_set_new(pol, "tokensPerRequest",
+                                    json_real(policy_tokens_per_request(&p, &t->pstate)));
+                json_object_set_new(pol, "tokensPerRequestEpisodes",
+                                    json_integer(t->spec.policy_v1 ? 0 : t->pstate.nkappa));
                 json_object_set_new(o, "policy", pol);
             }
             json_array_append_new(arr, o);

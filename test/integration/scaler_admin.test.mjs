@@ -156,7 +156,7 @@ test('/models: per target its inputs, staleness, decision and targets', async ()
   // flags set the window to 0 (test/integration/lib/scaler_env.mjs).
   assert.deepEqual(e.policy, {
     name: 'v1', coldStartSeconds: 0, targetUtilisation: 1, bursty: false, panicking: false,
-    scaleDownWindowSeconds: 0, keepWarmSeconds: 0,
+    scaleDownWindowSeconds: 0, keepWarmSeconds: 0, tokensPerRequest: 0, tokensPerRequestEpisodes: 0,
   });
   const res = await scaler.get('/models');
   assert.match(res.headers.get('content-type'), /^application\/json/);

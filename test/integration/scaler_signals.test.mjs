@@ -311,6 +311,8 @@ test('policy v2 from the metadata: keep-warm lasts coldStartSeconds x keepWarmCo
   assert.deepEqual(last.policy, {
     name: 'v2', coldStartSeconds: 2, targetUtilisation: last.policy.targetUtilisation,
     bursty: last.policy.bursty, panicking: false, scaleDownWindowSeconds: 0, keepWarmSeconds: 3,
+    // no token rate in this test: the wake teaches nothing, the prior stands
+    tokensPerRequest: 256, tokensPerRequestEpisodes: 0,
   });
   assert.equal((await scaler.model('kw-v1')).policy.name, 'v1');
   await waitActive(client, v2, false, 8000);

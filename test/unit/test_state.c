@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -297,6 +298,21 @@ static void test_policy_v2_reaches_the_decision(void **unused)
     scaler_state_tick(st, 1000 + 14000);
     assert_true(target_decision(t)->active);
     assert_int_equal(target_decision(t)->reason, POLICY_REASON_KEEP_WARM);
+    /* What the policy plans with is exported: the tokens-per-request prior
+     * (no wake learned yet), the keep-warm prior (1.5 x 10 s), no panic. */
+    struct evbuffer *b;
+    const char *text = render(st, 1000 + 14000, &b);
+    const char *labels = "{namespace=\"ns\",scaledobject=\"so\",model=\"m1\"}";
+    char want[256];
+    snprintf(want, sizeof(want), "thaw_scaler_tokens_per_request%s 256\n", labels);
+    assert_non_null(strstr(text, want));
+    snprintf(want, sizeof(want), "thaw_scaler_keep_warm_seconds%s 15\n", labels);
+    assert_non_null(strstr(text, want));
+    snprintf(want, sizeof(want), "thaw_scaler_panicking%s 0\n", labels);
+    assert_non_null(strstr(text, want));
+    assert_non_null(strstr(text, "\"tokensPerRequest\":256"));
+    assert_non_null(strstr(text, "\"tokensPerRequestEpisodes\":0"));
+    evbuffer_free(b);
     scaler_state_tick(st, 1000 + 16000);
     assert_false(target_decision(t)->active);
     metadata_spec_finish(&a);
