@@ -878,11 +878,12 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
                                     "scaleDownWindowSeconds",
                                     (double)p.scale_down_window_ms / 1000.0);
             if (pol) {
-                /* null until the model has been busy and gone idle once */
+                /* null before the policy's first decision computes it */
                 int64_t kw = t->spec.policy_v1 ? 0 : t->pstate.keep_warm_ms;
                 json_object_set_new(pol, "keepWarmSeconds",
                                     kw >= 0 ? json_real((double)kw / 1000.0) : json_null());
-                /* Learned from this many wake episodes; 0: the prior. */
+                /* Learned from the wake episodes remembered (outliers among
+                 * them left out); none: the prior. */
                 json_object_set_new(pol, "tokensPerRequest",
                                     json_real(policy_tokens_per_request(&p, &t->pstate)));
                 json_object_set_new(pol, "tokensPerRequestEpisodes",
