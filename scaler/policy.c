@@ -816,8 +816,10 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
     if (d.desired > d.raw)
         d.reason = POLICY_REASON_STABILIZING;
     if (!d.active && !counts_only) {
-        /* Going to zero: what the windows held no longer counts. */
+        /* Going to zero: what the windows held no longer counts, and the
+         * reason is being idle, not the window that held the last answer. */
         d.desired = 0;
+        d.reason = POLICY_REASON_IDLE;
         window_clear(&st->level);
         window_clear(&st->surge);
     } else if (d.active && d.desired < 1) {

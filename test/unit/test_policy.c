@@ -620,6 +620,12 @@ static void test_tokens_per_request_ignores_implausible_episodes(void **unused)
     assert_int_equal(d.desired, want.desired);
     assert_true(d.desired <= 2);
 
+    /* Nor does one as far below: 3 requests and ~0.007 tokens in all
+     * (1e-4 tokens/s), ~2e-3 per request against 100. */
+    policy_state_init(&st);
+    episode(&p, &st, 0, 3, 1e-4);
+    assert_int_equal(st.nkappa, 0);
+
     policy_state_init(&st);
     episode(&p, &st, 0, 30, 125);
     assert_int_equal(st.nkappa, 1);
@@ -774,6 +780,10 @@ static void test_zero_forgets_the_windows(void **unused)
     d = run(&p, &st, 0, 0, 0, 10000);
     assert_false(d.active);
     assert_int_equal(d.desired, 0);
+    /* The step to zero is idle's (dashboards count scale-to-zero by reason),
+     * not the window's that held 10 until then. */
+    assert_int_equal(d.reason, POLICY_REASON_IDLE);
+    assert_int_equal(d.direction, POLICY_DOWN);
     /* A wake later starts from the wake term, not from the old 10. */
     d = run(&p, &st, 0, 0, 1, 20000);
     assert_true(d.active);
@@ -988,10 +998,12 @@ static void test_call_rate_does_not_matter(void **unused)
 
 /* Times are monotonic and non-negative in the scaler (clock_mono_ms), but
  * the policy must stay defined whatever it is given: times before 0 and
- * near INT64_MAX, and jumps between them, with every term active (UBSan
- * catches an index out of bounds; an earlier version indexed its windows
- * with a negative remainder). Out of range times act as the nearest
- * valid one, so the window still holds. */
+ * near INT64_MAX, and jumps between them, with every term active. Out of
+ * range times act as the nearest valid one, so the window still holds (the
+ * normal build checks that). The undefined behaviour the clamps prevent (a
+ * negative remainder indexing the windows, a window added to a time near
+ * INT64_MAX) is reported only by the ASan+UBSan setup, `meson test --setup
+ * asan`, which scripts/test.sh runs: UBSan alone prints and continues. */
 static void test_times_out_of_range_are_clamped(void **unused)
 {
     struct policy_params p;
