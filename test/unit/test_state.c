@@ -262,6 +262,10 @@ static void test_queued_at_cap_is_backlog(void **unused)
     /* v1: all of the capacity */
     assert_non_null(strstr(
         text, "thaw_scaler_utilisation_target{namespace=\"ns\",scaledobject=\"so\",model=\"m1\"} 1"));
+    /* v1 has no request-size model and no keep-warm: 0 and no sample. */
+    assert_non_null(strstr(
+        text, "thaw_scaler_tokens_per_request{namespace=\"ns\",scaledobject=\"so\",model=\"m1\"} 0\n"));
+    assert_null(strstr(text, "thaw_scaler_keep_warm_seconds{"));
     evbuffer_free(b);
 
     /* Gone from the activators: only the jobs are left. */
@@ -319,6 +323,73 @@ static void test_policy_v2_reaches_the_decision(void **unused)
     scaler_state_free(st);
 }
 
+/* One round trip of the activators' held/queued counts for model m1, then
+ * the tick. */
+static void held_round(struct scaler_state *st, long long held, long long queued, int64_t now)
+{
+    const char *const *models;
+    assert_int_equal(scaler_state_held_batch(st, &models), 1);
+    scaler_state_held_ok(st, &held, &queued, 1, now);
+    scaler_state_tick(st, now); /* the scaler's 1 s tick decides every target */
+}
+
+/* A v2 target's exported plan follows its policy state: a wake whose
+ * tokens the rate then shows teaches tokens per request (the gauge leaves
+ * the prior, /models counts the episode), and a queue overload with no
+ * history of short ones panics (the gauge goes to 1). */
+static void test_v2_exports_what_it_learned(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    struct scaler_spec a;
+    char err[128];
+    const char *k[] = {"model", "coldStartSeconds", "rateWindowSeconds", "surgeHoldSeconds"};
+    const char *v[] = {"m1", "10", "1", "0"};
+    assert_int_equal(metadata_parse(k, v, 4, &a, NULL, NULL, err, sizeof(err)), 0);
+    struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    const char *labels = "{namespace=\"ns\",scaledobject=\"so\",model=\"m1\"}";
+    char want[256];
+    struct prom_sample zero[] = {{"m1", 0}}, busy[] = {{"m1", 300}};
+    int64_t now = 1000;
+    queues_empty(st, now);
+    scaler_state_prom_ok(st, zero, 1, now);
+    /* 3 requests held for 5 s, released, their tokens at 300/s for 3 s. */
+    for (; now <= 6000; now += 1000)
+        held_round(st, 3, 0, now);
+    for (; now <= 9000; now += 1000) {
+        scaler_state_prom_ok(st, busy, 1, now);
+        held_round(st, 0, 0, now);
+    }
+    for (; now <= 14000; now += 1000) {
+        held_round(st, 0, 0, now);
+        scaler_state_prom_ok(st, zero, 1, now);
+    }
+    struct evbuffer *b;
+    const char *text = render(st, now, &b);
+    assert_non_null(strstr(text, "\"tokensPerRequestEpisodes\":1"));
+    snprintf(want, sizeof(want), "thaw_scaler_tokens_per_request%s ", labels);
+    const char *g = strstr(text, want);
+    assert_non_null(g);
+    double learned = strtod(g + strlen(want), NULL);
+    assert_true(learned > 100 && learned < 1000 && learned != 256);
+    snprintf(want, sizeof(want), "thaw_scaler_panicking%s 0\n", labels);
+    assert_non_null(strstr(text, want));
+    evbuffer_free(b);
+
+    /* 50 requests queued at the activators' caps (Q = 10) for 5 s. */
+    for (int i = 0; i < 6; i++, now += 1000) {
+        held_round(st, 0, 50, now);
+        scaler_state_prom_ok(st, busy, 1, now);
+    }
+    assert_int_equal(target_decision(t)->reason, POLICY_REASON_QUEUE);
+    text = render(st, now, &b);
+    snprintf(want, sizeof(want), "thaw_scaler_panicking%s 1\n", labels);
+    assert_non_null(strstr(text, want));
+    assert_non_null(strstr(text, "\"panicking\":true"));
+    evbuffer_free(b);
+    metadata_spec_finish(&a);
+    scaler_state_free(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -329,6 +400,7 @@ int main(void)
         cmocka_unit_test(test_spec_change_and_gc),
         cmocka_unit_test(test_out_of_memory_never_crashes),
         cmocka_unit_test(test_policy_v2_reaches_the_decision),
+        cmocka_unit_test(test_v2_exports_what_it_learned),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
