@@ -16,7 +16,9 @@
 //   THAW_BUILD_DIR  build directory holding bench/replay/thaw-replay (default <repo>/build)
 //   THAW_TRACE_DIR  traces (default <repo>/../shared/traces)
 //   GRID_JOBS       parallel replays (default 2)
-// Bounded: 864 replays of about 0.5 s each; every replay has a 300 s timeout.
+// Bounded: 864 replays of about 0.5 s each; every replay has a 300 s timeout
+// and the whole grid 30 minutes. Verdicts use the JSON's 6-digit values, so
+// an exact tie with a baseline may be judged unlike thaw-replay's own table.
 
 import { execFile } from 'node:child_process';
 import fs from 'node:fs';
@@ -28,7 +30,13 @@ const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const build = path.resolve(process.env.THAW_BUILD_DIR || path.join(repo, 'build'));
 const bin = path.join(build, 'bench', 'replay', 'thaw-replay');
 const traces = path.resolve(process.env.THAW_TRACE_DIR || path.join(repo, '..', 'shared', 'traces'));
-const jobs = Math.max(1, Number(process.env.GRID_JOBS ?? 2));
+const jobs = Number(process.env.GRID_JOBS ?? 2);
+if (!Number.isInteger(jobs) || jobs < 1 || jobs > 64) {
+  console.error(`replay_grid: GRID_JOBS must be an integer 1..64, not ${process.env.GRID_JOBS}`);
+  process.exit(2);
+}
+// The whole grid must finish in this long (about 4 minutes on 2 cores).
+const DEADLINE_MS = 30 * 60 * 1000;
 
 // The knobs that move the cost/SLO trade-off, each around its default.
 const grid = {
@@ -56,9 +64,13 @@ function replay(args) {
     execFile(bin, ['--trace-dir', traces, '--seed', '1', '--json', out, ...args],
       { timeout: 300000, maxBuffer: 1 << 24 }, (err) => {
         if (err) return reject(new Error(`thaw-replay ${args.join(' ')}: ${err.message}`));
-        const runs = JSON.parse(fs.readFileSync(out, 'utf8')).runs;
-        fs.rmSync(out);
-        resolve(runs);
+        try {
+          const runs = JSON.parse(fs.readFileSync(out, 'utf8')).runs;
+          fs.rmSync(out);
+          resolve(runs);
+        } catch (e) {
+          reject(new Error(`thaw-replay ${args.join(' ')}: unreadable result: ${e.message}`));
+        }
       });
   });
 }
@@ -107,7 +119,17 @@ async function worker() {
   }
 }
 const t0 = Date.now();
-await Promise.all(Array.from({ length: jobs }, worker));
+const deadline = setTimeout(() => {
+  console.error(`replay_grid: not done after ${DEADLINE_MS / 60000} minutes; stopping`);
+  process.exit(3);
+}, DEADLINE_MS);
+try {
+  await Promise.all(Array.from({ length: jobs }, worker));
+} catch (e) {
+  console.error(`replay_grid: ${e.message}`);
+  process.exit(1); // a failed replay makes the table meaningless (the other replay ends in seconds)
+}
+clearTimeout(deadline);
 if (!todo.includes(defaults) || atDefault.size === 0)
   throw new Error('replay_grid: the defaults are not a point of the grid');
 

@@ -802,7 +802,8 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
                : level > by_rate               ? POLICY_REASON_FORECAST
                                                : POLICY_REASON_TOKEN_RATE;
 
-    /* Idle but inside the keep-warm time: one replica stays. */
+    /* Idle but inside the keep-warm time: active, at least one replica (more
+     * while the scale-down window still holds them). */
     bool warm = !busy && st->seen_busy && st->idle_since_ms != NO_TIME &&
                 now_ms - st->idle_since_ms < st->keep_warm_ms;
     d.active = busy || warm;

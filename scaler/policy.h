@@ -225,9 +225,12 @@ void policy_state_init(struct policy_state *st);
 void policy_decide(const struct policy_params *p, struct policy_state *st,
                    const struct policy_inputs *in, int64_t now_ms, struct policy_decision *out);
 
-/* The tokens one request costs as the wake terms use it now: learned from
- * the wake episodes when there are any (kappa), else the tokens_per_request
- * prior; 0 when tokens_per_request is 0 (no request-size model: counts only). */
+/* The tokens one request costs where the decision counts requests in tokens
+ * (queue growth, backlog, wakes): learned from the wake episodes when there
+ * are any (kappa), else the tokens_per_request prior; 0 when
+ * tokens_per_request is 0 (no request-size model: counts only). An episode is
+ * judged against the prior in force when it ends: one more than 10 000x off
+ * is not kept (so a prior set far too low keeps real sizes from being learned). */
 double policy_tokens_per_request(const struct policy_params *p, const struct policy_state *st);
 const char *policy_reason_to_str(enum policy_reason r);
 const char *policy_direction_to_str(enum policy_direction d);

@@ -709,14 +709,15 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
          "while the demand is bursty; with replicaConcurrency, the square-root staffing's "
          "share at the current demand)."},
         {"thaw_scaler_tokens_per_request", "gauge",
-         "Tokens one request costs as the wake terms size it: learned from the model's wakes, "
-         "else tokensPerRequest (0: policy v1, counts only)."},
+         "Tokens one request costs where the policy counts requests in tokens (queue growth, "
+         "backlog, wakes): learned from the model's wakes, else tokensPerRequest (0: policy "
+         "v1, counts only)."},
         {"thaw_scaler_keep_warm_seconds", "gauge",
-         "How long the model stays at one replica once idle before going to zero (the "
-         "keep-warm break-even over its idle gaps); policy v2, after its first decision."},
+         "How long an idle model stays active (one replica or more) before going to zero: "
+         "the keep-warm break-even over its idle gaps; policy v2, after its first decision."},
         {"thaw_scaler_panicking", "gauge",
-         "1 while a panic counts the backlog early (a queue above targetQueueLength likely to "
-         "outlast a cold start)."},
+         "1 while the panic rule holds for the current overload (a backlog of queued and held "
+         "requests above targetQueueLength likely to outlast a cold start)."},
     };
     for (size_t f = 0; f < sizeof(per_target) / sizeof(per_target[0]); f++) {
         expo_family(out, per_target[f][0], per_target[f][1], per_target[f][2]);
