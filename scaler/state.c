@@ -745,19 +745,17 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
             case 3: v = t->queue->length; break;
             case 5: v = (double)(now_ms - t->last_change_ms) / 1000.0; break;
             case 6: v = t->decided ? t->pstate.utilisation : 0; break;
-            case 7:
-            case 8: {
+            case 7: {
                 struct policy_params p;
                 metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms, &p);
-                if (f == 7) {
-                    v = policy_tokens_per_request(&p, &t->pstate);
-                    break;
-                }
+                v = policy_tokens_per_request(&p, &t->pstate);
+                break;
+            }
+            case 8:
                 if (t->spec.policy_v1 || !t->decided || t->pstate.keep_warm_ms < 0)
                     continue; /* no keep-warm, or not known yet */
                 v = (double)t->pstate.keep_warm_ms / 1000.0;
                 break;
-            }
             case 9: v = t->decided && t->pstate.over_panic ? 1 : 0; break;
             default: break;
             }
