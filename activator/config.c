@@ -43,6 +43,7 @@ static const struct field_def model_fields[] = {
     {"holdTimeoutSeconds", F_SECONDS, MF(hold_timeout_ms), 0, 0.001, 86400, "600", false},
     {"maxConcurrencyPerEndpoint", F_INT, MF(max_concurrency_per_endpoint), 0, 0, 1000000, "0",
      false},
+    {"lateAfterSeconds", F_SECONDS, MF(late_after_ms), 0, 0, 3600, "0", false},
     {"sseHeartbeatSeconds", F_SECONDS, MF(sse_heartbeat_ms), 0, 0, 3600, "0", false},
     {"probeInitialMs", F_INT, MF(probe_initial_ms), 0, 1, 60000, "10", false},
     {"probeMaxMs", F_INT, MF(probe_max_ms), 0, 1, 600000, "25", false},

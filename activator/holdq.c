@@ -65,13 +65,24 @@ void holdq_push(struct holdq *q, struct holdq_node *n, enum tier tier, size_t by
 void holdq_push_front(struct holdq *q, struct holdq_node *n)
 {
     int t = n->tier;
-    n->prev = NULL;
-    n->next = q->head[t];
-    if (q->head[t])
-        q->head[t]->prev = n;
+    /* Back to its place by arrival: it was popped from the head, or, with
+     * late requests last, from behind late ones, which it must not pass
+     * again (and each tier stays in deadline order). Rare, so a scan. */
+    struct holdq_node *after = NULL, *before = q->head[t];
+    while (before && before->enqueued_ms < n->enqueued_ms) {
+        after = before;
+        before = before->next;
+    }
+    n->prev = after;
+    n->next = before;
+    if (after)
+        after->next = n;
+    else
+        q->head[t] = n;
+    if (before)
+        before->prev = n;
     else
         q->tail[t] = n;
-    q->head[t] = n;
     account(q, n);
 }
 
@@ -88,6 +99,8 @@ void holdq_remove(struct holdq *q, struct holdq_node *n)
         n->next->prev = n->prev;
     else
         q->tail[t] = n->prev;
+    if (q->last_late[t] == n)
+        q->last_late[t] = n->prev; /* still late, and so is all before it */
     n->prev = n->next = NULL;
     n->queued = false;
     q->count--;
@@ -103,6 +116,41 @@ struct holdq_node *holdq_pop(struct holdq *q)
             holdq_remove(q, n);
             return n;
         }
+    }
+    return NULL;
+}
+
+bool holdq_is_late(const struct holdq_node *n, int64_t now_ms, int64_t late_after_ms,
+                   int64_t ready_since_ms)
+{
+    /* Times are monotonic milliseconds, far from the int64 bounds. */
+    int64_t from = n->enqueued_ms > ready_since_ms ? n->enqueued_ms : ready_since_ms;
+    return from < now_ms - late_after_ms;
+}
+
+struct holdq_node *holdq_pop_fresh_first(struct holdq *q, int64_t now_ms, int64_t late_after_ms,
+                                         int64_t ready_since_ms)
+{
+    if (late_after_ms <= 0)
+        return holdq_pop(q);
+    if (ready_since_ms != q->ready_since_ms) {
+        /* Held requests' clocks start at the release: what was late under
+         * the old readiness may not be now. */
+        memset(q->last_late, 0, sizeof(q->last_late));
+        q->ready_since_ms = ready_since_ms;
+    }
+    for (int t = 0; t < TIER_COUNT; t++) {
+        if (!q->head[t])
+            continue;
+        struct holdq_node *n = q->last_late[t] ? q->last_late[t]->next : q->head[t];
+        while (n && holdq_is_late(n, now_ms, late_after_ms, ready_since_ms)) {
+            q->last_late[t] = n;
+            n = n->next;
+        }
+        if (!n)
+            n = q->head[t]; /* every entry of the tier is late: the oldest */
+        holdq_remove(q, n);
+        return n;
     }
     return NULL;
 }

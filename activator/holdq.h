@@ -6,6 +6,17 @@
  * first, so high-priority traffic is shed last. Nodes are intrusive: the
  * caller embeds a struct holdq_node in its request and owns its memory.
  *
+ * Late requests last (holdq_pop_fresh_first): a request that has waited longer
+ * than late_after since it could first be sent (its arrival, or the moment the
+ * model became ready if it arrived while nothing was) has missed a
+ * time-to-first-token objective of that order already; sending it before a
+ * newer one makes that one late as well. So within a tier the oldest request
+ * that is not late goes first, and late ones, oldest first, only when no
+ * request of the tier is on time. A late request is not dropped: it waits for
+ * a free slot or its hold timeout like any other. Lateness only grows with
+ * time, so each tier keeps a cursor to its last known late entry and a pop
+ * costs O(1) amortized.
+ *
  * Deadlines: pop_expired looks at the head of each tier. Entries of one model
  * share a hold timeout, so each FIFO is in deadline order; after a reload
  * that changes the timeout, an entry may wait behind an older, longer one
@@ -30,6 +41,10 @@ struct holdq_node {
 
 struct holdq {
     struct holdq_node *head[TIER_COUNT], *tail[TIER_COUNT];
+    /* Last entry of each tier known to be late (all before it are too), or
+     * NULL; valid for ready_since_ms, reset when it changes. */
+    struct holdq_node *last_late[TIER_COUNT];
+    int64_t ready_since_ms;
     size_t count;
     size_t count_by_tier[TIER_COUNT];
     size_t bytes;
@@ -51,12 +66,24 @@ struct holdq_node *holdq_victim(const struct holdq *q, enum tier tier, size_t by
 /* Appends n (not checking bounds: callers check holdq_fits first). */
 void holdq_push(struct holdq *q, struct holdq_node *n, enum tier tier, size_t bytes,
                 int64_t now_ms, int64_t deadline_ms);
-/* Puts n back at the head of its tier, keeping its times (a released request
- * that has to wait again keeps its place). Bounds are not checked. */
+/* Puts n back in its tier at its place by enqueue time, keeping its times (a
+ * released request that has to wait again keeps its place). Bounds are not
+ * checked. */
 void holdq_push_front(struct holdq *q, struct holdq_node *n);
 
-/* Removes and returns the next entry to release, or NULL. */
+/* Removes and returns the next entry to release, or NULL: the highest tier
+ * first, then arrival order. */
 struct holdq_node *holdq_pop(struct holdq *q);
+/* Like holdq_pop, but within a tier entries that have waited more than
+ * late_after_ms since max(enqueued, ready_since_ms) go after those that have
+ * not. late_after_ms <= 0: holdq_pop. ready_since_ms: when the model last
+ * became ready (held requests could not be sent before). */
+struct holdq_node *holdq_pop_fresh_first(struct holdq *q, int64_t now_ms, int64_t late_after_ms,
+                                         int64_t ready_since_ms);
+/* Whether n has waited more than late_after_ms since max(enqueued,
+ * ready_since_ms): what holdq_pop_fresh_first sends last. */
+bool holdq_is_late(const struct holdq_node *n, int64_t now_ms, int64_t late_after_ms,
+                   int64_t ready_since_ms);
 /* Removes and returns an entry whose deadline is <= now, or NULL. */
 struct holdq_node *holdq_pop_expired(struct holdq *q, int64_t now_ms);
 /* Unlinks n if queued (no-op otherwise). */

@@ -144,6 +144,7 @@ struct model_rt {
     unsigned inflight;
     uint64_t outcomes[PROXY_OUTCOME_COUNT];
     uint64_t wake_signals; /* PUBLISHes sent */
+    uint64_t late_released; /* released after waiting more than lateAfterSeconds */
     uint64_t wakes;        /* wake actions, sent or not */
     bool wake_pending;
     bool held_published; /* our thaw:held field is set (held or queued), no HDEL since */
@@ -1169,7 +1170,13 @@ static void release_held(struct model_rt *m)
         /* Sockets ran out: the retry timer releases again. */
         if (backend_capacity(m->be) == 0 || m->px->socket_starved)
             break;
-        struct holdq_node *n = holdq_pop(&m->hq);
+        /* Held requests could not be sent before the model was ready:
+         * their lateness counts from then. */
+        struct holdq_node *n =
+            holdq_pop_fresh_first(&m->hq, now, m->mc->late_after_ms, m->sm.since_ms);
+        if (m->mc->late_after_ms > 0 &&
+            holdq_is_late(n, now, m->mc->late_after_ms, m->sm.since_ms))
+            m->late_released++;
         struct req *r = req_of_node(n);
         r->cold_ms = now - n->enqueued_ms;
         if (r->heartbeat)
@@ -2534,6 +2541,15 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
         if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
             expo_sample(out, "thaw_activator_wake_signals_total", labels, (double)m->wake_signals);
     }
+    expo_family(out, "thaw_activator_late_released_total", "counter",
+                "Requests sent to a backend after waiting longer than lateAfterSeconds, so "
+                "behind newer ones (0 while it is off), by model.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_sample(out, "thaw_activator_late_released_total", labels,
+                        (double)m->late_released);
+    }
     expo_family(out, "thaw_activator_wakes_total", "counter",
                 "Wake actions (requests, admin, wakeWith), sent to Redis or not.");
     for (size_t i = 0; i < px->nmodels; i++) {
@@ -2637,13 +2653,14 @@ json_t *proxy_models_json(struct proxy *px)
     for (size_t i = 0; i < px->nmodels; i++) {
         const struct model_rt *m = px->models[i];
         json_t *eps = backend_to_json(m->be);
-        json_t *o = json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:o*}", "name", m->name, "state",
-                              model_state_to_str(m->sm.state), "stateForMs",
+        json_t *o = json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o*}", "name", m->name,
+                              "state", model_state_to_str(m->sm.state), "stateForMs",
                               (json_int_t)(now - m->sm.since_ms), "held", (json_int_t)m->hq.count,
                               "inflight", (json_int_t)m->inflight, "coldStarts",
                               (json_int_t)m->sm.cold_starts, "wakeSignals",
-                              (json_int_t)m->wake_signals, "ok", (json_int_t)m->outcomes[OUT_OK],
-                              "endpoints", eps);
+                              (json_int_t)m->wake_signals, "lateReleased",
+                              (json_int_t)m->late_released, "ok",
+                              (json_int_t)m->outcomes[OUT_OK], "endpoints", eps);
         if (!o || json_array_append_new(arr, o) < 0) {
             json_decref(arr);
             return NULL;

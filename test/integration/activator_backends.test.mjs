@@ -174,6 +174,122 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2), 
   }
 });
 
+test('lateAfterSeconds: at the cap, a request that waited too long goes behind a newer one (0: FIFO)', async () => {
+  // One slow backend for two models; it records the order prompts reach it
+  // and answers each only when the test opens the gate.
+  let gateOpen = false;
+  const waiting = [];
+  const order = [];
+  const answer = (res) => { if (!res.writableEnded) res.end('{"ok":true}'); };
+  const srv = http.createServer((req, res) => {
+    if (req.url === '/health') { res.end('ok'); return; }
+    const bufs = [];
+    req.on('data', (b) => bufs.push(b));
+    req.on('end', () => {
+      order.push(JSON.parse(Buffer.concat(bufs).toString()).prompt);
+      if (gateOpen) { answer(res); return; }
+      waiting.push(res);
+      setTimeout(() => answer(res), 10000).unref();
+    });
+  });
+  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+  const port = srv.address().port;
+  const backend = `http://127.0.0.1:${port}`;
+  const act = await startActivator({
+    models: [
+      { name: 'late', backend, maxConcurrencyPerEndpoint: 1, lateAfterSeconds: 0.3, ...fast },
+      { name: 'fifo', backend, maxConcurrencyPerEndpoint: 1, ...fast },
+    ],
+  });
+  const rs = [];
+  try {
+    for (const model of ['late', 'fifo']) {
+      gateOpen = true;
+      assert.equal((await complete(act.port, model, { prompt: `${model}-warm` })).status, 200);
+      assert.equal((await act.model(model)).state, 'ready');
+      gateOpen = false;
+      order.length = 0;
+      // a takes the one slot; b waits at the cap and is late 0.3 s later;
+      // c arrives after that, on time.
+      rs.push(complete(act.port, model, { prompt: 'a' }));
+      await waitUntil(() => waiting.length === 1, 5000, { what: `${model}: a at the backend` });
+      rs.push(complete(act.port, model, { prompt: 'b' }));
+      await waitUntil(async () => (await act.model(model)).held === 1, 5000, { what: `${model}: b waiting` });
+      await new Promise((r) => setTimeout(r, 600));
+      rs.push(complete(act.port, model, { prompt: 'c' }));
+      await waitUntil(async () => (await act.model(model)).held === 2, 5000, { what: `${model}: c waiting` });
+      gateOpen = true;
+      for (const res of waiting.splice(0)) answer(res);
+      for (const r of await Promise.all(rs.splice(0))) assert.equal(r.status, 200, r.body.toString());
+      assert.deepEqual(order, model === 'late' ? ['a', 'c', 'b'] : ['a', 'b', 'c'], model);
+    }
+    // b went late under 'late'; under 'fifo' nothing counts as late.
+    const m = await act.metrics();
+    assert.equal(metricSum(m, 'thaw_activator_late_released_total', { model: 'late' }), 1);
+    assert.equal(metricSum(m, 'thaw_activator_late_released_total', { model: 'fifo' }), 0);
+    assert.equal((await act.model('late')).lateReleased, 1);
+    await assertAccounted(act);
+  } finally {
+    gateOpen = true;
+    for (const res of waiting.splice(0)) answer(res);
+    await Promise.allSettled(rs);
+    await act.stop();
+    srv.closeAllConnections();
+    await new Promise((r) => srv.close(r));
+  }
+});
+
+test('lateAfterSeconds: requests held while the model loads are late from its readiness, not from their arrival', async () => {
+  let healthy = false;
+  let gateOpen = false;
+  const waiting = [];
+  const order = [];
+  const answer = (res) => { if (!res.writableEnded) res.end('{"ok":true}'); };
+  const srv = http.createServer((req, res) => {
+    if (req.url === '/health') { res.statusCode = healthy ? 200 : 503; res.end(); return; }
+    const bufs = [];
+    req.on('data', (b) => bufs.push(b));
+    req.on('end', () => {
+      order.push(JSON.parse(Buffer.concat(bufs).toString()).prompt);
+      if (gateOpen) { answer(res); return; }
+      waiting.push(res);
+      setTimeout(() => answer(res), 10000).unref();
+    });
+  });
+  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
+  const port = srv.address().port;
+  const act = await startActivator({
+    models: [{ name: 'held', backend: `http://127.0.0.1:${port}`, maxConcurrencyPerEndpoint: 1,
+      lateAfterSeconds: 1, ...fast }],
+  });
+  const rs = [];
+  try {
+    // a and b are held 2 s, longer than lateAfterSeconds, while "weights load".
+    rs.push(complete(act.port, 'held', { prompt: 'a' }));
+    rs.push(complete(act.port, 'held', { prompt: 'b' }));
+    await waitUntil(async () => (await act.model('held')).held === 2, 5000, { what: 'a and b held' });
+    await new Promise((r) => setTimeout(r, 2000));
+    healthy = true;
+    await waitUntil(() => waiting.length === 1, 5000, { what: 'a released to the one slot' });
+    // c comes within a second of the release: b is not late yet, so it keeps its turn.
+    rs.push(complete(act.port, 'held', { prompt: 'c' }));
+    await waitUntil(async () => (await act.model('held')).held === 2, 5000, { what: 'b and c waiting' });
+    gateOpen = true;
+    for (const res of waiting.splice(0)) answer(res);
+    for (const r of await Promise.all(rs.splice(0))) assert.equal(r.status, 200, r.body.toString());
+    assert.deepEqual(order, ['a', 'b', 'c']);
+    assert.equal((await act.model('held')).lateReleased, 0);
+    await assertAccounted(act);
+  } finally {
+    gateOpen = true;
+    for (const res of waiting.splice(0)) answer(res);
+    await Promise.allSettled(rs);
+    await act.stop();
+    srv.closeAllConnections();
+    await new Promise((r) => srv.close(r));
+  }
+});
+
 test('DNS backend: a host name resolved by the activator (localhost via /etc/hosts)', async () => {
   const port = await freePort();
   const fv = await startFakeVllm({ model: 'dns', port, waitReady: true });

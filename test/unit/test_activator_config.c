@@ -26,7 +26,8 @@ static void test_full(void **state)
         "\"apiKeyTiers\":{\"sk-gold\":\"high\",\"sk-batch\":\"low\"},"
         "\"models\":[{\"name\":\"m1\",\"backend\":\"http://127.0.0.1:8001\","
         "\"aliases\":[\"m1-lora-*\"],\"maxHeldRequests\":10,\"maxHeldBytes\":1000,"
-        "\"holdTimeoutSeconds\":600,\"maxConcurrencyPerEndpoint\":4,\"wakeWith\":[\"m2\"]},"
+        "\"holdTimeoutSeconds\":600,\"maxConcurrencyPerEndpoint\":4,\"lateAfterSeconds\":1.5,"
+        "\"wakeWith\":[\"m2\"]},"
         "{\"name\":\"m2\",\"endpointsFile\":\"/tmp/eps\",\"hosts\":[\"m2.local\"]}]}";
     char err[256] = "";
     struct config *cfg = parse(text, err, sizeof(err));
@@ -45,6 +46,8 @@ static void test_full(void **state)
     assert_int_equal(m1->max_held_requests, 10);
     assert_int_equal(m2->max_held_requests, 1000);
     assert_int_equal(m1->max_concurrency_per_endpoint, 4);
+    assert_int_equal(m1->late_after_ms, 1500);
+    assert_int_equal(m2->late_after_ms, 0); /* FIFO unless asked */
     assert_int_equal(m1->probe_initial_ms, 10);
     assert_int_equal(m1->probe_max_ms, 25);
     assert_int_equal(m1->naliases, 1);

@@ -1,10 +1,12 @@
-/* Unit tests for activator/holdq: tier order, bounds, shedding, deadlines. */
+/* Unit tests for activator/holdq: tier order, bounds, shedding, deadlines,
+ * late requests last. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <stdlib.h>
 #include <string.h>
 
 #include "holdq.h"
@@ -90,12 +92,158 @@ static void test_deadlines(void **state)
     assert_int_equal(q.count, 0);
 }
 
+static void test_fresh_first(void **state)
+{
+    (void)state;
+    struct holdq q;
+    holdq_init(&q, 10, 1000);
+    struct holdq_node a = {0}, b = {0}, c = {0}, d = {0};
+    holdq_push(&q, &a, TIER_NORMAL, 1, 0, 100000);
+    holdq_push(&q, &b, TIER_NORMAL, 1, 500, 100000);
+    holdq_push(&q, &c, TIER_NORMAL, 1, 1500, 100000);
+    /* At 2000 with 1000 ms: a and b are late, c is not; c first, then the
+     * late ones oldest first. */
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 2000, 1000, 0), &c);
+    /* c could not be sent after all: back in its place, first again. */
+    holdq_push_front(&q, &c);
+    assert_ptr_equal(q.head[TIER_NORMAL], &a);
+    assert_ptr_equal(q.tail[TIER_NORMAL], &c);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 2000, 1000, 0), &c);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 2000, 1000, 0), &a);
+    holdq_push(&q, &d, TIER_NORMAL, 1, 2100, 100000);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 2200, 1000, 0), &d);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 2200, 1000, 0), &b);
+    assert_null(holdq_pop_fresh_first(&q, 2200, 1000, 0));
+    assert_int_equal(q.count, 0);
+
+    /* Exactly late_after waited is not late yet. */
+    holdq_push(&q, &a, TIER_NORMAL, 1, 0, 100000);
+    holdq_push(&q, &b, TIER_NORMAL, 1, 10, 100000);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 1000, 1000, 0), &a);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 1000, 1000, 0), &b);
+
+    /* 0: plain FIFO, however long they waited. */
+    holdq_push(&q, &a, TIER_NORMAL, 1, 0, 100000);
+    holdq_push(&q, &b, TIER_NORMAL, 1, 5000, 100000);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 9000, 0, 0), &a);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 9000, 0, 0), &b);
+}
+
+static void test_fresh_first_ready_since(void **state)
+{
+    (void)state;
+    struct holdq q;
+    holdq_init(&q, 10, 1000);
+    struct holdq_node a = {0}, b = {0}, c = {0}, d = {0};
+    /* Held while the model loaded (ready at 60000): their clocks start then. */
+    holdq_push(&q, &a, TIER_NORMAL, 1, 0, 1000000);
+    holdq_push(&q, &b, TIER_NORMAL, 1, 100, 1000000);
+    holdq_push(&q, &c, TIER_NORMAL, 1, 200, 1000000);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 60500, 1000, 60000), &a);
+    /* 1.5 s after the release they are late: a newer request goes first. */
+    holdq_push(&q, &d, TIER_NORMAL, 1, 61000, 1000000);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 61500, 1000, 60000), &d);
+    /* The model went away and came back at 70000: lateness starts over. */
+    holdq_push(&q, &d, TIER_NORMAL, 1, 65000, 1000000);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 70500, 1000, 70000), &b);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 71500, 1000, 70000), &c);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 71500, 1000, 70000), &d);
+}
+
+static void test_fresh_first_tiers(void **state)
+{
+    (void)state;
+    struct holdq q;
+    holdq_init(&q, 10, 1000);
+    struct holdq_node hi = {0}, lo = {0}, n1 = {0}, n2 = {0};
+    holdq_push(&q, &hi, TIER_HIGH, 1, 0, 100000);
+    holdq_push(&q, &n1, TIER_NORMAL, 1, 0, 100000);
+    holdq_push(&q, &lo, TIER_LOW, 1, 4900, 100000);
+    holdq_push(&q, &n2, TIER_NORMAL, 1, 4900, 100000);
+    /* Tiers keep their precedence: a late high request beats on-time ones. */
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 5000, 1000, 0), &hi);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 5000, 1000, 0), &n2);
+    /* Removing the tier's last known late entry (a timeout, a client gone)
+     * leaves the cursor valid. */
+    holdq_remove(&q, &n1);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 5000, 1000, 0), &lo);
+    assert_null(holdq_pop_fresh_first(&q, 5000, 1000, 0));
+}
+
+/* The reference: scan each tier in list order for the first entry that is
+ * not late, else take the tier's head. */
+static struct holdq_node *ref_pick(struct holdq *q, int64_t now, int64_t late, int64_t since)
+{
+    for (int t = 0; t < TIER_COUNT; t++) {
+        for (struct holdq_node *n = q->head[t]; n; n = n->next) {
+            int64_t from = n->enqueued_ms > since ? n->enqueued_ms : since;
+            if (!(from < now - late))
+                return n;
+        }
+        if (q->head[t])
+            return q->head[t];
+    }
+    return NULL;
+}
+
+static void test_fresh_first_random(void **state)
+{
+    (void)state;
+    enum { N = 64, STEPS = 20000 };
+    struct holdq q;
+    holdq_init(&q, N, 1u << 20);
+    struct holdq_node nodes[N];
+    memset(nodes, 0, sizeof(nodes));
+    struct holdq_node *popped[N];
+    size_t npopped = 0;
+    int64_t now = 1000, since = 0;
+    srand(7);
+    for (int step = 0; step < STEPS; step++) {
+        int op = rand() % 10;
+        now += rand() % 300;
+        if (op < 4) {
+            for (int i = 0; i < N; i++) {
+                if (!nodes[i].queued) {
+                    holdq_push(&q, &nodes[i], (enum tier)(rand() % TIER_COUNT), 1, now,
+                               now + 100000);
+                    break;
+                }
+            }
+        } else if (op < 7) {
+            struct holdq_node *want = ref_pick(&q, now, 1000, since);
+            struct holdq_node *got = holdq_pop_fresh_first(&q, now, 1000, since);
+            assert_ptr_equal(got, want);
+            if (got && npopped < N)
+                popped[npopped++] = got;
+        } else if (op == 7 && npopped > 0) {
+            /* A released request that must wait again. */
+            struct holdq_node *n = popped[--npopped];
+            if (!n->queued)
+                holdq_push_front(&q, n);
+        } else if (op == 8) {
+            holdq_remove(&q, &nodes[rand() % N]);
+        } else if (rand() % 20 == 0) {
+            since = now; /* the model became ready again */
+        }
+        if (npopped == N)
+            npopped = 0;
+        /* Each tier stays in enqueue order. */
+        for (int t = 0; t < TIER_COUNT; t++)
+            for (struct holdq_node *n = q.head[t]; n && n->next; n = n->next)
+                assert_true(n->enqueued_ms <= n->next->enqueued_ms);
+    }
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_order),
         cmocka_unit_test(test_bounds_and_shed),
         cmocka_unit_test(test_deadlines),
+        cmocka_unit_test(test_fresh_first),
+        cmocka_unit_test(test_fresh_first_ready_since),
+        cmocka_unit_test(test_fresh_first_tiers),
+        cmocka_unit_test(test_fresh_first_random),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
