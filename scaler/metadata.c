@@ -53,6 +53,8 @@ static const struct policy_key policy_keys[] = {
     PK("surgeHoldSeconds", surge_hold_ms, KNOB_SECONDS, 0, 86400, false),
     PK("tokensPerRequest", tokens_per_request, KNOB_NUMBER, 0, 1e7, true),
     PK("drainTimeFactor", drain_time_factor, KNOB_NUMBER, 0, 100, true),
+    PK("lateAfterSeconds", late_after_ms, KNOB_SECONDS, 0, 3600, false),
+    PK("lateClearSeconds", late_clear_ms, KNOB_SECONDS, 0, 86400, true),
     PK("wakeBacklogShare", wake_backlog_share, KNOB_NUMBER, 0, 100, false),
     PK("panicWindowSeconds", panic_window_ms, KNOB_SECONDS, 0, 3600, false),
     PK("panicLookahead", panic_lookahead, KNOB_NUMBER, 0, 100, false),

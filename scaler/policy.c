@@ -56,6 +56,8 @@ void policy_params_defaults(struct policy_params *p)
     p->surge_hold_ms = 30000;
     p->tokens_per_request = 256;
     p->drain_time_factor = 0.33;
+    p->late_after_ms = 0;
+    p->late_clear_ms = 300000;
     p->wake_backlog_share = 1;
     p->panic_window_ms = 3000;
     p->panic_lookahead = 0;
@@ -751,9 +753,16 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
             q_sust += g * ahead_s;
         }
         /* Up to Q queued requests are tolerated: they drain by themselves;
-         * the rest is cleared within drain_time_factor cold starts. */
+         * the rest is cleared within drain_time_factor cold starts. When
+         * the activators send late requests last, a backlog no longer
+         * delays the requests behind it, only itself: its requests have
+         * missed their objective already and the spare capacity of the
+         * level serves them; clearing it fast would pay GPUs for nothing,
+         * so it only has to be gone well before the hold timeout. */
         if (q_sust > qlen) {
             double drain_s = p->drain_time_factor * cold_s;
+            if (p->late_after_ms > 0 && drain_s < (double)p->late_clear_ms / 1000.0)
+                drain_s = (double)p->late_clear_ms / 1000.0;
             if (drain_s < 1)
                 drain_s = 1;
             extra += (q_sust - qlen) * kappa / (cap * drain_s);

@@ -94,6 +94,11 @@ struct policy_params {
     int64_t surge_hold_ms;           /* >= 0: how long backlog and wake surges are held */
     double tokens_per_request;       /* > 0: prior of the tokens one request costs */
     double drain_time_factor;        /* > 0: clear a backlog within this x cold start */
+    int64_t late_after_ms;           /* >= 0; 0 = FIFO: the activators' lateAfterSeconds (a
+                                      * request waiting longer goes behind newer ones) */
+    int64_t late_clear_ms;           /* > 0: with late_after_ms > 0, a backlog is cleared
+                                      * within this long (before the activators' hold
+                                      * timeout), or drain_time_factor cold starts if longer */
     double wake_backlog_share;       /* >= 0: share of a wake's backlog cleared per cold start */
     int64_t panic_window_ms;         /* >= 0; 0 = off: a backlog above Q for this long counts
                                       * before queue_window_ms when past overloads that lasted

@@ -294,10 +294,11 @@ async function main() {
         dir: work, redisUrl: redis.url,
         models: models.map((name) => ({ name, endpointsFile: path.join(endpointsDir, `${name}.endpoints`) })),
         // The cap is the replicas' batch, as docs/activator.md recommends: requests over it
-        // wait in the activator, where thaw-scaler sees them as queued.
+        // wait in the activator, where thaw-scaler sees them as queued; those waiting
+        // over 1 s go behind newer ones (lateAfterSeconds, as the example config).
         modelDefaults: {
           holdTimeoutSeconds: Math.max(60, opt.duration), maxHeldRequests: 100000,
-          maxConcurrencyPerEndpoint: opt.maxBatch,
+          maxConcurrencyPerEndpoint: opt.maxBatch, lateAfterSeconds: 1,
         },
       });
       handles.activator = activator;
@@ -312,11 +313,12 @@ async function main() {
       models,
       // The policy's horizon: this stack's replica start (its weights load)
       // plus one KEDA poll, as an operator would measure and set it; and the
-      // replicas' batch size (vLLM's --max-num-seqs), for the level's headroom.
+      // replicas' batch size (vLLM's --max-num-seqs), for the level's headroom;
+      // and the activators' lateAfterSeconds.
       metadata: {
         targetTokensPerSecond: opt.targetTokensPerSecond, targetQueueLength: 10,
         coldStartSeconds: opt.coldStartSeconds + opt.pollingInterval,
-        replicaConcurrency: opt.maxBatch, ...opt.triggerMetadata,
+        replicaConcurrency: opt.maxBatch, lateAfterSeconds: 1, ...opt.triggerMetadata,
       },
       pollingIntervalMs: opt.pollingInterval * 1000,
       cooldownMs: opt.cooldown * 1000,

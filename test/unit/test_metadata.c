@@ -167,7 +167,8 @@ static void test_policy_keys(void **unused)
                            "scaleDownWindowSeconds", "20", "panicWindowSeconds", "12.5",
                            "wakeRequestCost", "2", "burstinessThreshold", "0",
                            "burstyTargetUtilisation", "0.95", "panicLookahead", "0.5",
-                           "replicaConcurrency", "64", "staffingBeta", "0.5"),
+                           "replicaConcurrency", "64", "staffingBeta", "0.5",
+                           "lateAfterSeconds", "1", "lateClearSeconds", "120"),
                      0);
     metadata_policy_params(&s, 123000, &p);
     assert_true(p.cold_start_ms == 2500);
@@ -189,6 +190,8 @@ static void test_policy_keys(void **unused)
     assert_true(p.panic_lookahead == 0.5);
     assert_true(p.replica_slots == 64);
     assert_true(p.staffing_beta == 0.5);
+    assert_true(p.late_after_ms == 1000);
+    assert_true(p.late_clear_ms == 120000);
     struct scaler_spec t;
     assert_int_equal(PARSE(&t, err, "model", "m", "coldStartSeconds", "2.5"), 0);
     assert_false(metadata_spec_equal(&s, &t)); /* a knob change is a spec change */
@@ -212,6 +215,9 @@ static void test_policy_keys(void **unused)
     assert_string_equal(err,
                         "metadata key 'burstyTargetUtilisation': expected a number in (0, 1], got '0'");
     assert_int_equal(PARSE(&s, err, "model", "m", "burstinessThreshold", "-1"), -1);
+    assert_int_equal(PARSE(&s, err, "model", "m", "lateClearSeconds", "0"), -1);
+    assert_string_equal(err,
+                        "metadata key 'lateClearSeconds': expected a number in (0, 86400], got '0'");
     assert_int_equal(PARSE(&s, err, "model", "m", "targetUtilisation", "0"), -1);
     assert_string_equal(err, "metadata key 'targetUtilisation': expected a number in (0, 1], got '0'");
     assert_int_equal(PARSE(&s, err, "model", "m", "targetUtilisation", "1.5"), -1);

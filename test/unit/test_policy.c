@@ -426,6 +426,29 @@ static void test_backlog_that_drains_or_bursts_adds_nothing(void **unused)
     assert_int_equal(d.desired, 1);
 }
 
+/* With late requests last in the activators a backlog delays only itself,
+ * so it is cleared over late_clear (here 300 s), not drain_time_factor cold
+ * starts (60 s); a late_clear shorter than those changes nothing. */
+static void test_late_requests_last_clear_the_backlog_slowly(void **unused)
+{
+    struct policy_params p = v2();
+    int64_t late_after[3] = {0, 1000, 1000}, late_clear[3] = {300000, 300000, 30000};
+    /* 390 requests over Q, 100 tokens each, 100 tokens/s per replica:
+     * 6.5 replicas over 60 s, 1.3 over 300 s; plus 1 for the rate. */
+    long want[3] = {8, 3, 8};
+    for (int i = 0; i < 3; i++) {
+        p.late_after_ms = late_after[i];
+        p.late_clear_ms = late_clear[i];
+        struct policy_state st;
+        policy_state_init(&st);
+        struct policy_decision d = {0};
+        for (int t = 0; t < 40; t++)
+            d = run(&p, &st, 100, 400, 0, (int64_t)t * 1000);
+        assert_int_equal(d.desired, want[i]);
+        assert_int_equal(d.reason, POLICY_REASON_QUEUE);
+    }
+}
+
 static void test_wake_sized_by_arrivals(void **unused)
 {
     struct policy_params p = v2();
@@ -1052,6 +1075,7 @@ int main(void)
         cmocka_unit_test(test_forecast_ignores_noise),
         cmocka_unit_test(test_demand_by_conservation),
         cmocka_unit_test(test_backlog_that_drains_or_bursts_adds_nothing),
+        cmocka_unit_test(test_late_requests_last_clear_the_backlog_slowly),
         cmocka_unit_test(test_wake_sized_by_arrivals),
         cmocka_unit_test(test_released_arrivals_stand_in_for_the_rate),
         cmocka_unit_test(test_tokens_per_request_learned_from_a_wake),
