@@ -40,6 +40,14 @@ run() {
     echo
     run --policies thaw-v1,thaw,oracle
     echo
+    echo "## Sensitivity: thaw's activators serve FIFO (lateAfterSeconds 0 in the activator config and the ScaledObject)"
+    echo
+    run --thaw late_after_s=0 --policies thaw
+    echo
+    echo "## Policy alone: KEDA's and Knative's requests wait in activators that send late requests last too (lateAfterSeconds 1 for every autoscaler)"
+    echo
+    run --baselines-late-after 1 --policies thaw,keda-hpa,knative-kpa
+    echo
     echo "## Sensitivity: replicaConcurrency not set (the level plans for targetUtilisation 0.88 of capacity)"
     echo
     run --thaw replica_slots=0

@@ -35,6 +35,7 @@ struct settings {
     double oracle_bin;
     char *thaw;
     char *requests;
+    double baselines_late_after;
 };
 
 #define S(f) offsetof(struct settings, f)
@@ -66,6 +67,10 @@ static const struct opt_def option_defs[] = {
      "override thaw policy knobs, e.g. target_utilisation=0.9,scale_down_window_s=120 "
      "(also keda_polling_s, keda_cooldown_s, hpa_sync_s, hpa_up_percent, hpa_up_pods for "
      "thaw's ScaledObject and HPA)", NULL},
+    {"baselines-late-after", OPT_DOUBLE, S(baselines_late_after), "0", 0, 3600,
+     "> 0: KEDA's and Knative's requests also wait in activators that send a request "
+     "waiting longer than this many seconds behind newer ones (thaw's lateAfterSeconds; "
+     "0: FIFO, as those systems do)", NULL},
     {"requests", OPT_STRING, S(requests), NULL, 0, 0,
      "write every request's arrival, TTFT, cold flag and SLO result as CSV to this file",
      NULL},
@@ -183,6 +188,13 @@ static int apply_thaw_overrides(const char *spec, struct sim_config *sc, char *e
             sc->keda.hpa_up_percent = v;
         else if (strcmp(kv, "hpa_up_pods") == 0)
             sc->keda.hpa_up_pods = v;
+        else if (strcmp(kv, "late_after_s") == 0) {
+            /* The activators' lateAfterSeconds, and the ScaledObject's. */
+            if (sc->kind == SIM_THAW || sc->kind == SIM_THAW_V1)
+                sc->late_after_s = v;
+            p->late_after_ms = (int64_t)(v * 1000);
+        } else if (strcmp(kv, "late_clear_s") == 0)
+            p->late_clear_ms = (int64_t)(v * 1000);
         else if (strcmp(kv, "keda_target_tps") == 0)
             sc->keda_target_tps = v;
         else {
@@ -425,6 +437,8 @@ int main(int argc, char **argv)
                     goto out;
                 }
                 sc.oracle_bin_s = cfg.oracle_bin;
+                if (kinds[p] == SIM_KEDA || kinds[p] == SIM_KPA)
+                    sc.late_after_s = cfg.baselines_late_after;
                 if (cfg.prompt_weight >= 0)
                     sc.sig.prompt_weight = cfg.prompt_weight;
                 if (tl)

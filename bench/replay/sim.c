@@ -70,6 +70,12 @@ void sim_config_defaults(struct sim_config *c, enum sim_kind kind)
         c->keda.hpa_up_pods = 8;
         c->keda.cooldown_s = 0;
         c->keda.polling_s = 10;
+        /* thaw's activators send late requests last (the example config's
+         * lateAfterSeconds 1 s, half the warm objective), and the example
+         * ScaledObject tells the policy so. */
+        c->late_after_s = 1;
+        if (kind == SIM_THAW)
+            c->thaw.late_after_ms = 1000;
     }
     /* Knative KPA defaults; the per-pod target is the batch size at the
      * default 70 % target utilisation. */
@@ -145,6 +151,10 @@ struct sim {
     int ready; /* ready, not draining */
 
     size_t next_arr, qhead, done;
+    size_t ontime;   /* late_after_s > 0: first waiting request not yet late */
+    size_t nwaiting; /* arrived, not admitted */
+    unsigned char *taken;
+    double ready_since; /* when the first of the ready replicas became ready */
     double *start, *first, *fin;
     int *rep;
     unsigned char *cold;
@@ -259,7 +269,7 @@ static void conc_advance(struct sim *s)
  * not begun (vLLM's num_requests_waiting). */
 static size_t waiting(const struct sim *s)
 {
-    size_t w = s->next_arr - s->qhead;
+    size_t w = s->nwaiting;
     for (size_t r = 0; r < s->nreps; r++) {
         const struct replica *rp = &s->reps[r];
         if (rp->state != R_READY && rp->state != R_DRAINING)
@@ -323,6 +333,8 @@ static int admit(struct sim *s, size_t i, size_t r)
                   rp->state, rp->nseq);
     s->start[i] = s->now;
     s->rep[i] = (int)r;
+    s->taken[i] = 1;
+    s->nwaiting--;
     rp->seqs[rp->nseq++] = (struct seq){.req = (int)i, .prefill_left = q->ctx};
     return rp->stepping ? 0 : step_start(s, r);
 }
@@ -336,11 +348,38 @@ static int pending_prefill(const struct sim *s, const struct replica *rp)
     return n;
 }
 
-/* Admits FIFO requests while a ready replica has a free slot, to the one
+/* The next request to admit, or SIZE_MAX. FIFO; with late_after_s > 0 (the
+ * activator's lateAfterSeconds), requests that have waited longer than that
+ * since they could first be sent (arrival, or the moment a replica became
+ * ready if none was) go behind those still on time: a late request has
+ * missed its objective already, and serving it first makes the next one late
+ * too. The activator's holdq_pop_fresh_first, without tiers. */
+static size_t next_waiting(struct sim *s)
+{
+    while (s->qhead < s->next_arr && s->taken[s->qhead])
+        s->qhead++;
+    if (s->qhead >= s->next_arr)
+        return SIZE_MAX;
+    double late = s->cfg->late_after_s;
+    if (late <= 0)
+        return s->qhead;
+    if (s->ontime < s->qhead)
+        s->ontime = s->qhead;
+    while (s->ontime < s->next_arr &&
+           (s->taken[s->ontime] ||
+            fmax(s->tr->reqs[s->ontime].t, s->ready_since) < s->now - late))
+        s->ontime++;
+    return s->ontime < s->next_arr ? s->ontime : s->qhead;
+}
+
+/* Admits waiting requests while a ready replica has a free slot, to the one
  * with the least prompt work pending (then the fewest sequences). */
 static int dispatch(struct sim *s)
 {
-    while (s->qhead < s->next_arr) {
+    for (;;) {
+        size_t i = next_waiting(s);
+        if (i == SIZE_MAX)
+            break;
         size_t best = SIZE_MAX;
         int best_pf = 0;
         for (size_t r = 0; r < s->nreps; r++) {
@@ -356,7 +395,7 @@ static int dispatch(struct sim *s)
         }
         if (best == SIZE_MAX)
             break;
-        if (admit(s, s->qhead++, best) != 0)
+        if (admit(s, i, best) != 0)
             return -1;
     }
     return 0;
@@ -510,7 +549,7 @@ static void observe_queue(struct sim *s)
      * held while nothing is ready, else queued at the concurrency cap
      * (maxConcurrencyPerEndpoint = the batch slots). Requests a replica
      * admitted but has not started are the replica's business. */
-    double w = (double)(s->next_arr - s->qhead);
+    double w = (double)s->nwaiting;
     s->held_obs = s->ready == 0 ? w : 0;
     s->queue_obs = s->ready == 0 ? 0 : w;
 }
@@ -812,6 +851,7 @@ static int on_arrival(struct sim *s)
     size_t i = s->next_arr;
     conc_advance(s);
     s->next_arr++;
+    s->nwaiting++;
     s->cold[i] = s->ready == 0;
     if (s->alive == 0 && wake(s) != 0)
         return -1;
@@ -946,7 +986,12 @@ static int on_ready(struct sim *s, int r)
     if (rp->state != R_STARTING)
         return 0; /* removed before it was ready */
     rp->state = R_READY;
-    s->ready++;
+    if (s->ready++ == 0) {
+        /* Requests held meanwhile could not be sent before: their lateness
+         * counts from now, so the cursor starts over. */
+        s->ready_since = s->now;
+        s->ontime = s->qhead;
+    }
     return dispatch(s);
 }
 
@@ -996,8 +1041,12 @@ static void finish(struct sim *s)
     for (size_t i = 0; i < tr->n; i++) {
         const struct trace_req *q = &tr->reqs[i];
         double t = s->first[i] - q->t;
-        if (!(s->fin[i] >= s->first[i]) || !(s->start[i] >= q->t - 1e-9) ||
-            (i > 0 && s->start[i] < s->start[i - 1])) {
+        /* In order, except that with late requests last a request may pass
+         * an older one only if that one was late by then. */
+        bool passed = i > 0 && s->start[i] < s->start[i - 1] &&
+                      !(s->cfg->late_after_s > 0 &&
+                        tr->reqs[i - 1].t < s->start[i] - s->cfg->late_after_s + 1e-9);
+        if (!(s->fin[i] >= s->first[i]) || !(s->start[i] >= q->t - 1e-9) || passed) {
             violation(s, "request %zu not served in order (arrival %.3f start %.3f)", i, q->t,
                       s->start[i]);
             continue;
@@ -1035,6 +1084,7 @@ static void sim_free(struct sim *s)
     thaw_free(s->reps);
     thaw_free(s->heap);
     thaw_free(s->start);
+    thaw_free(s->taken);
     thaw_free(s->first);
     thaw_free(s->fin);
     thaw_free(s->ttft);
@@ -1136,7 +1186,10 @@ int sim_run(const struct trace *tr, const struct sim_config *cfg, struct sim_res
     s->ttft = thaw_calloc(n, sizeof(double));
     s->rep = thaw_calloc(n, sizeof(int));
     s->cold = thaw_calloc(n, 1);
-    int rc = (!s->start || !s->first || !s->fin || !s->ttft || !s->rep || !s->cold) ? -1 : 0;
+    s->taken = thaw_calloc(n, 1);
+    int rc = (!s->start || !s->first || !s->fin || !s->ttft || !s->rep || !s->cold || !s->taken)
+                 ? -1
+                 : 0;
     if (rc == 0 && (cfg->kind == SIM_ORACLE || cfg->warm_start))
         rc = oracle_plan(s);
     /* Warm start: as many ready replicas as the oracle has at most until a

@@ -9,8 +9,11 @@
  * sequences are admitted. So a full batch decodes decode_tps tokens/s,
  * prefill slows decoding, and "decode-equivalent tokens" (generated +
  * prompt x decode_tps / prefill_tps) measure a replica's capacity exactly.
- * Requests wait in one FIFO and are admitted to the ready replica with a
- * free slot and the least prompt work pending. TTFT is arrival to the end
+ * Requests wait in one queue, the activators', and are admitted to the ready
+ * replica with a free slot and the least prompt work pending: in arrival
+ * order, except that with late_after_s > 0 a request that has waited longer
+ * than that since it could first be sent goes behind the ones that have not
+ * (thaw's activator, lateAfterSeconds). TTFT is arrival to the end
  * of the step finishing its prompt. A replica removed while busy drains
  * (GPU still held) before it is gone.
  *
@@ -106,6 +109,8 @@ struct sim_config {
     double slo_warm_s;           /* TTFT objective with a ready replica */
     double oracle_bin_s;         /* SIM_ORACLE demand granularity */
     bool warm_start;             /* start with the oracle's t = 0 replicas ready */
+    double late_after_s;         /* > 0: requests waiting longer go behind those on time
+                                  * (thaw: 1 s, the example activator config) */
     FILE *timeline;              /* NULL, or every 10 s a CSV line of the cluster state */
     FILE *requests_out;          /* NULL, or one CSV line per request (arrival, TTFT, met) */
 };
