@@ -133,11 +133,12 @@ struct holdq_node *holdq_pop_fresh_first(struct holdq *q, int64_t now_ms, int64_
 {
     if (late_after_ms <= 0)
         return holdq_pop(q);
-    if (ready_since_ms != q->ready_since_ms) {
-        /* Held requests' clocks start at the release: what was late under
-         * the old readiness may not be now. */
+    if (ready_since_ms != q->ready_since_ms || late_after_ms != q->late_after_ms) {
+        /* Held requests' clocks start at the release, and a reload may
+         * lengthen late_after: what was late before may not be now. */
         memset(q->last_late, 0, sizeof(q->last_late));
         q->ready_since_ms = ready_since_ms;
+        q->late_after_ms = late_after_ms;
     }
     for (int t = 0; t < TIER_COUNT; t++) {
         if (!q->head[t])

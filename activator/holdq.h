@@ -42,9 +42,11 @@ struct holdq_node {
 struct holdq {
     struct holdq_node *head[TIER_COUNT], *tail[TIER_COUNT];
     /* Last entry of each tier known to be late (all before it are too), or
-     * NULL; valid for ready_since_ms, reset when it changes. */
+     * NULL; valid for ready_since_ms and late_after_ms, reset when either
+     * changes. */
     struct holdq_node *last_late[TIER_COUNT];
     int64_t ready_since_ms;
+    int64_t late_after_ms;
     size_t count;
     size_t count_by_tier[TIER_COUNT];
     size_t bytes;

@@ -148,6 +148,13 @@ static void test_fresh_first_ready_since(void **state)
     assert_ptr_equal(holdq_pop_fresh_first(&q, 70500, 1000, 70000), &b);
     assert_ptr_equal(holdq_pop_fresh_first(&q, 71500, 1000, 70000), &c);
     assert_ptr_equal(holdq_pop_fresh_first(&q, 71500, 1000, 70000), &d);
+
+    /* A reload that lengthens late_after: what was late is on time again. */
+    holdq_push(&q, &a, TIER_NORMAL, 1, 80000, 1000000);
+    holdq_push(&q, &b, TIER_NORMAL, 1, 81500, 1000000);
+    holdq_push(&q, &c, TIER_NORMAL, 1, 81600, 1000000);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 82000, 1000, 70000), &b); /* a is late */
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 82000, 5000, 70000), &a);
 }
 
 static void test_fresh_first_tiers(void **state)
@@ -196,7 +203,7 @@ static void test_fresh_first_random(void **state)
     memset(nodes, 0, sizeof(nodes));
     struct holdq_node *popped[N];
     size_t npopped = 0;
-    int64_t now = 1000, since = 0;
+    int64_t now = 1000, since = 0, late = 1000;
     srand(7);
     for (int step = 0; step < STEPS; step++) {
         int op = rand() % 10;
@@ -210,8 +217,8 @@ static void test_fresh_first_random(void **state)
                 }
             }
         } else if (op < 7) {
-            struct holdq_node *want = ref_pick(&q, now, 1000, since);
-            struct holdq_node *got = holdq_pop_fresh_first(&q, now, 1000, since);
+            struct holdq_node *want = ref_pick(&q, now, late, since);
+            struct holdq_node *got = holdq_pop_fresh_first(&q, now, late, since);
             assert_ptr_equal(got, want);
             if (got && npopped < N)
                 popped[npopped++] = got;
@@ -224,6 +231,8 @@ static void test_fresh_first_random(void **state)
             holdq_remove(&q, &nodes[rand() % N]);
         } else if (rand() % 20 == 0) {
             since = now; /* the model became ready again */
+        } else if (rand() % 20 == 0) {
+            late = 500 + rand() % 1500; /* a reload */
         }
         if (npopped == N)
             npopped = 0;
