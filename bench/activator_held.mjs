@@ -29,6 +29,9 @@
 //   BENCH_HELD            requests to hold (default 10000)
 //   BENCH_PROMPT_BYTES    prompt length in each request body (default 64)
 //   BENCH_CAP             maxConcurrencyPerEndpoint (default 256; 0: none)
+//   BENCH_LATE_AFTER      lateAfterSeconds (default 0: FIFO); with a cap, most of
+//                         the released requests wait past it, so this times the
+//                         late-requests-last order under a full queue
 //   BENCH_FD_CHECK=0      skip the file descriptor check (to see what happens)
 //   BENCH_CONNECTING      connects in progress at once (default 256)
 
@@ -46,6 +49,7 @@ const repo = path.resolve(here, '..');
 const HELD = Number(process.env.BENCH_HELD ?? 10000);
 const PROMPT_BYTES = Number(process.env.BENCH_PROMPT_BYTES ?? 64);
 const CAP = Number(process.env.BENCH_CAP ?? 256);
+const LATE_AFTER = Number(process.env.BENCH_LATE_AFTER ?? 0);
 const CONNECTING = Number(process.env.BENCH_CONNECTING ?? 256);
 const MAX_KIB_PER_REQ = Number(process.env.BENCH_MAX_KIB_PER_REQ ?? 16);
 const MODEL = 'held-m1';
@@ -163,6 +167,9 @@ async function main() {
     if (!fs.existsSync(b)) fail(`${b} not built: meson setup build-bench --buildtype=release && meson compile -C build-bench activator/thaw-activator test/fakevllm/thaw-fake-vllm`);
   }
   if (!Number.isInteger(HELD) || HELD < 1) fail('BENCH_HELD must be a positive integer');
+  if (!Number.isFinite(LATE_AFTER) || LATE_AFTER < 0 || LATE_AFTER > 3600) {
+    fail('BENCH_LATE_AFTER must be a number of seconds in 0..3600');
+  }
   const limit = spawnSync('sh', ['-c', 'ulimit -Sn'], { encoding: 'utf8' }).stdout.trim();
   const load0 = os.loadavg();
   const redis = await startRedis();
@@ -172,7 +179,7 @@ async function main() {
   const cfg = {
     models: [{ name: MODEL, backend: `http://127.0.0.1:${backendPort}`, healthPath: '/health',
       maxHeldRequests: HELD * 2, maxHeldBytes: 4 * 1024 * 1024 * 1024 - 1, holdTimeoutSeconds: 600,
-      maxConcurrencyPerEndpoint: CAP }],
+      maxConcurrencyPerEndpoint: CAP, lateAfterSeconds: LATE_AFTER }],
   };
   const cfgPath = path.join(dir, 'activator.json');
   fs.writeFileSync(cfgPath, JSON.stringify(cfg));
@@ -258,6 +265,7 @@ async function main() {
   const outcomes = [...m].filter(([k, v]) => k.startsWith('thaw_activator_requests_total{') && v > 0)
     .map(([k, v]) => `${/outcome="([^"]*)"/.exec(k)?.[1]}=${v}`).join(' ');
   const probesUp = metricSum(m, 'thaw_activator_endpoint_requests_total');
+  const lateReleased = metricSum(m, 'thaw_activator_late_released_total');
   await fake.stop('SIGTERM', 5000);
   const code = await act.stop('SIGTERM', 15000);
   sub.close();
@@ -268,7 +276,7 @@ async function main() {
   const perReq = (during.rss - before.rss) / HELD;
   console.log(`thaw-activator: ${HELD} held requests, memory and answers`);
   console.log(`date: ${new Date().toISOString()}  host: ${os.cpus().length} cores, ${os.cpus()[0]?.model ?? '?'}, kernel ${os.release()}; node ${process.version}; open file limit ${limit}`);
-  console.log(`binaries: ${buildDir}; requests: POST /v1/completions, ${Buffer.byteLength(request)} bytes each (prompt ${PROMPT_BYTES} bytes), one per connection, keep-alive; maxConcurrencyPerEndpoint ${CAP}`);
+  console.log(`binaries: ${buildDir}; requests: POST /v1/completions, ${Buffer.byteLength(request)} bytes each (prompt ${PROMPT_BYTES} bytes), one per connection, keep-alive; maxConcurrencyPerEndpoint ${CAP}; lateAfterSeconds ${LATE_AFTER}`);
   console.log(`load average before/after: ${load0.map((x) => x.toFixed(2)).join(' ')} / ${load1.map((x) => x.toFixed(2)).join(' ')}`);
   console.log();
   console.log(`held requests                        ${HELD} (all held ${((tHeld - tOpen) / 1000).toFixed(2)} s after the first connect)`);
@@ -281,7 +289,7 @@ async function main() {
   const trims = (act.lines ?? []).map((l) => l.line).filter((l) => /event=memory_trimmed/.test(l));
   console.log(`heap trims after the burst           ${trims.length}` +
     (trims.length ? ` (${trims.map((l) => /took_us=(\d+)/.exec(l)?.[1] + ' us').join(', ')})` : ''));
-  console.log(`release: backend started -> last answer ${((tDone - tStart) / 1000).toFixed(2)} s`);
+  console.log(`release: backend started -> last answer ${((tDone - tStart) / 1000).toFixed(2)} s; sent late (behind newer ones) ${lateReleased}`);
   console.log(`answers: ${[...statuses].map(([k, v]) => `${k}x${v}`).join(' ') || 'none'}; connection errors ${errors.length}; 200 without X-Thaw-Cold-Start-Ms ${noHeader}; bad bodies ${badBody}`);
   console.log(`activator /metrics: accepted ${accepted}, outcomes ${outcomes}, held afterwards ${stillHeld}; upstream requests ${probesUp}; wake PUBLISHes ${wakes}; Redis thaw:held showed ${redisHeld}; exit code ${code}`);
   if (errors.length) fail(`${errors.length} requests failed, first: ${errors[0]}`);

@@ -229,10 +229,11 @@ async function main() {
     const activator = await startActivator({
       dir: work, redisUrl: redis.url,
       models: models.map((name) => ({ name, endpointsFile: path.join(endpointsDir, `${name}.endpoints`) })),
-      // maxConcurrencyPerEndpoint = the fake replicas' --max-batch, as recommended.
+      // maxConcurrencyPerEndpoint = the fake replicas' --max-batch, and late
+      // requests last after 1 s, as recommended.
       modelDefaults: {
         holdTimeoutSeconds: 120, maxHeldRequests: 100000, probeInitialMs: 20, probeMaxMs: 200,
-        maxConcurrencyPerEndpoint: 16,
+        maxConcurrencyPerEndpoint: 16, lateAfterSeconds: 1,
       },
     });
     procs.activator = activator.proc;
@@ -249,8 +250,11 @@ async function main() {
       scalerAddress: scaler.grpcAddress,
       models,
       // coldStartSeconds: the replicas' 1.5 s load plus one KEDA poll;
-      // replicaConcurrency: their --max-batch.
-      metadata: { targetTokensPerSecond: 600, targetQueueLength: 10, coldStartSeconds: 4, replicaConcurrency: 16 },
+      // replicaConcurrency: their --max-batch; lateAfterSeconds: the activator's.
+      metadata: {
+        targetTokensPerSecond: 600, targetQueueLength: 10, coldStartSeconds: 4, replicaConcurrency: 16,
+        lateAfterSeconds: 1,
+      },
       pollingIntervalMs: 2000, cooldownMs: 10000, maxReplicaCount: 3, hpaSyncMs: 2000,
       behavior: defaultBehavior(2000),
       replica: {
@@ -364,7 +368,7 @@ async function main() {
     const metrics = async () => {
       const res = await fetch(`${activator.adminBase}/metrics`);
       const text = await res.text();
-      const out = { accepted: 0, ended: 0, held: 0, inflight: 0, outcomes: {}, coldStarts: 0 };
+      const out = { accepted: 0, ended: 0, held: 0, inflight: 0, outcomes: {}, coldStarts: 0, lateReleased: 0 };
       for (const line of text.split('\n')) {
         const m = /^(thaw_activator_[a-z_]+)(\{[^}]*\})? (\S+)$/.exec(line);
         if (!m) continue;
@@ -378,6 +382,7 @@ async function main() {
         if (m[1] === 'thaw_activator_held_requests') out.held += v;
         if (m[1] === 'thaw_activator_inflight_requests') out.inflight += v;
         if (m[1] === 'thaw_activator_cold_starts_total') out.coldStarts += v;
+        if (m[1] === 'thaw_activator_late_released_total') out.lateReleased += v;
       }
       return out;
     };
@@ -487,7 +492,8 @@ async function main() {
       `outcomes ${JSON.stringify(tr.outcomes)}; expected cuts ${tr.expectedCuts}, 502s at replica kills ${tr.crash502}` +
       `${opt.allowCrash502 ? ' (known bug, allowed)' : ''}, unexpected ${tr.unexpected}; ${tr.heldServed} held and served`);
     console.log(`faults    ${f.crashes} replica kills, ${f.forcedScaleToZero} forced scale-to-zero, ${f.scaleToZero} scale-to-zero in all, ` +
-      `${f.scaleFromZero} scale-from-zero, ${f.replicaStarts} replica starts; activator cold starts ${am.coldStarts}`);
+      `${f.scaleFromZero} scale-from-zero, ${f.replicaStarts} replica starts; activator cold starts ${am.coldStarts}, ` +
+      `requests sent late (behind newer ones) ${am.lateReleased}`);
     console.log(`activator accepted ${am.accepted} = outcomes ${am.ended} ${JSON.stringify(am.outcomes)}`);
     for (const who of ['activator', 'scaler']) {
       const r = rssSummary[who];
