@@ -8,8 +8,8 @@
  *
  * Late requests last (holdq_pop_fresh_first): a request that has waited longer
  * than late_after since it could first be sent (its arrival, or the moment the
- * model became ready if it arrived while nothing was) has missed a
- * time-to-first-token objective of that order already; sending it before a
+ * model last became able to take requests, if that is later) is likely to miss
+ * a time-to-first-token objective of that order anyway; sending it before a
  * newer one makes that one late as well. So within a tier the oldest request
  * that is not late goes first, and late ones, oldest first, only when no
  * request of the tier is on time. A late request is not dropped: it waits for

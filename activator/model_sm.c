@@ -48,6 +48,7 @@ void model_sm_init(struct model_sm *sm, const char *name, int64_t wake_timeout_m
     sm->name = name;
     sm->state = MODEL_COLD;
     sm->since_ms = now_ms;
+    sm->forwardable_since_ms = now_ms;
     sm->wake_timeout_ms = wake_timeout_ms;
 }
 
@@ -63,6 +64,8 @@ static void transition(struct model_sm *sm, enum model_state to, enum model_even
              (long long)(now_ms - sm->since_ms));
     sm->state = to;
     sm->since_ms = now_ms;
+    if (to == MODEL_READY)
+        sm->forwardable_since_ms = now_ms;
 }
 
 static unsigned on_cold(struct model_sm *sm, enum model_event ev, int64_t now_ms, size_t held)
@@ -155,13 +158,14 @@ static unsigned on_ready(struct model_sm *sm, enum model_event ev, int64_t now_m
 
 static unsigned on_draining(struct model_sm *sm, enum model_event ev, int64_t now_ms, size_t held)
 {
-    (void)now_ms;
     switch (ev) {
     case MEV_REQUEST:
         return MACT_REJECT;
     case MEV_RETRY:
         return sm->backend_up ? MACT_FORWARD : MACT_HOLD;
     case MEV_PROBE_OK:
+        if (!sm->backend_up)
+            sm->forwardable_since_ms = now_ms;
         sm->backend_up = true;
         return MACT_RELEASE;
     case MEV_BACKEND_DOWN:

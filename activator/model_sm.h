@@ -53,6 +53,10 @@ struct model_sm {
     const char *name; /* for log lines; not owned */
     enum model_state state;
     int64_t since_ms;       /* when the current state was entered */
+    int64_t forwardable_since_ms; /* since when requests can be forwarded: entering
+                                   * ready, or a backend coming up while draining
+                                   * (kept from ready into draining); the hold
+                                   * queue's lateness clock for held requests */
     int64_t wake_timeout_ms;
     bool backend_up;        /* draining: whether requests can be forwarded */
     uint64_t transitions[MODEL_STATE_COUNT][MODEL_STATE_COUNT];

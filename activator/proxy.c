@@ -70,6 +70,7 @@ struct req {
     struct holdq_node hq;
     enum tier tier;
     bool was_held;
+    bool released_late; /* counted in late_released (once, however often released) */
     int64_t starved_since_ms; /* first failure to get a local socket, 0 if none */
     int64_t cold_ms; /* time held, -1 if never */
     bool stream;
@@ -144,7 +145,7 @@ struct model_rt {
     unsigned inflight;
     uint64_t outcomes[PROXY_OUTCOME_COUNT];
     uint64_t wake_signals; /* PUBLISHes sent */
-    uint64_t late_released; /* released after waiting more than lateAfterSeconds */
+    uint64_t late_released; /* requests released late (lateAfterSeconds), each once */
     uint64_t wakes;        /* wake actions, sent or not */
     bool wake_pending;
     bool held_published; /* our thaw:held field is set (held or queued), no HDEL since */
@@ -1172,12 +1173,14 @@ static void release_held(struct model_rt *m)
             break;
         /* Held requests could not be sent before the model was ready:
          * their lateness counts from then. */
-        struct holdq_node *n =
-            holdq_pop_fresh_first(&m->hq, now, m->mc->late_after_ms, m->sm.since_ms);
-        if (m->mc->late_after_ms > 0 &&
-            holdq_is_late(n, now, m->mc->late_after_ms, m->sm.since_ms))
-            m->late_released++;
+        int64_t since = m->sm.forwardable_since_ms;
+        struct holdq_node *n = holdq_pop_fresh_first(&m->hq, now, m->mc->late_after_ms, since);
         struct req *r = req_of_node(n);
+        if (m->mc->late_after_ms > 0 && !r->released_late &&
+            holdq_is_late(n, now, m->mc->late_after_ms, since)) {
+            r->released_late = true;
+            m->late_released++;
+        }
         r->cold_ms = now - n->enqueued_ms;
         if (r->heartbeat)
             evtimer_del(r->heartbeat);
@@ -2542,8 +2545,9 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
             expo_sample(out, "thaw_activator_wake_signals_total", labels, (double)m->wake_signals);
     }
     expo_family(out, "thaw_activator_late_released_total", "counter",
-                "Requests sent to a backend after waiting longer than lateAfterSeconds, so "
-                "behind newer ones (0 while it is off), by model.");
+                "Requests released from the hold queue after waiting longer than "
+                "lateAfterSeconds, which lets newer ones go first (each counted once; 0 "
+                "while it is off), by model.");
     for (size_t i = 0; i < px->nmodels; i++) {
         const struct model_rt *m = px->models[i];
         if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)

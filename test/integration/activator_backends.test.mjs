@@ -197,7 +197,7 @@ test('lateAfterSeconds: at the cap, a request that waited too long goes behind a
   const backend = `http://127.0.0.1:${port}`;
   const act = await startActivator({
     models: [
-      { name: 'late', backend, maxConcurrencyPerEndpoint: 1, lateAfterSeconds: 0.3, ...fast },
+      { name: 'late', backend, maxConcurrencyPerEndpoint: 1, lateAfterSeconds: 1, ...fast },
       { name: 'fifo', backend, maxConcurrencyPerEndpoint: 1, ...fast },
     ],
   });
@@ -209,13 +209,13 @@ test('lateAfterSeconds: at the cap, a request that waited too long goes behind a
       assert.equal((await act.model(model)).state, 'ready');
       gateOpen = false;
       order.length = 0;
-      // a takes the one slot; b waits at the cap and is late 0.3 s later;
-      // c arrives after that, on time.
+      // a takes the one slot; b waits at the cap and is late 1 s later; c
+      // arrives 1.5 s after b and is released well within its own second.
       rs.push(complete(act.port, model, { prompt: 'a' }));
       await waitUntil(() => waiting.length === 1, 5000, { what: `${model}: a at the backend` });
       rs.push(complete(act.port, model, { prompt: 'b' }));
       await waitUntil(async () => (await act.model(model)).held === 1, 5000, { what: `${model}: b waiting` });
-      await new Promise((r) => setTimeout(r, 600));
+      await new Promise((r) => setTimeout(r, 1500));
       rs.push(complete(act.port, model, { prompt: 'c' }));
       await waitUntil(async () => (await act.model(model)).held === 2, 5000, { what: `${model}: c waiting` });
       gateOpen = true;

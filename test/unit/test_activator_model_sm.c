@@ -148,6 +148,27 @@ static void test_draining(void **state)
     assert_int_equal(model_sm_handle(&sm, MEV_DRAIN, 2, 1), 0);
     assert_int_equal(model_sm_handle(&sm, MEV_RETRY, 3, 1), MACT_HOLD);
     assert_int_equal(model_sm_handle(&sm, MEV_PROBE_OK, 4, 1), MACT_RELEASE);
+    /* Since when requests can be forwarded (the hold queue's lateness clock
+     * for held requests): entering ready, kept into draining; from a drain
+     * that began while waking, when the backend comes up. */
+    model_sm_init(&sm, "m7", 1000, 0);
+    model_sm_handle(&sm, MEV_REQUEST, 10, 0);
+    model_sm_handle(&sm, MEV_PROBE_OK, 20, 1);
+    assert_int_equal(sm.forwardable_since_ms, 20);
+    model_sm_handle(&sm, MEV_PROBE_OK, 25, 0); /* one more endpoint */
+    assert_int_equal(sm.forwardable_since_ms, 20);
+    model_sm_handle(&sm, MEV_DRAIN, 30, 1);
+    assert_int_equal(sm.forwardable_since_ms, 20);
+    model_sm_handle(&sm, MEV_BACKEND_DOWN, 40, 1);
+    model_sm_handle(&sm, MEV_PROBE_OK, 50, 1);
+    assert_int_equal(sm.forwardable_since_ms, 50);
+    model_sm_handle(&sm, MEV_PROBE_OK, 60, 1);
+    assert_int_equal(sm.forwardable_since_ms, 50);
+    model_sm_init(&sm, "m8", 1000, 0);
+    model_sm_handle(&sm, MEV_REQUEST, 10, 0);
+    model_sm_handle(&sm, MEV_DRAIN, 20, 1);
+    model_sm_handle(&sm, MEV_PROBE_OK, 35, 1);
+    assert_int_equal(sm.forwardable_since_ms, 35);
     /* From cold with held requests (none normally): probes start. */
     model_sm_init(&sm, "m5", 1000, 0);
     assert_int_equal(model_sm_handle(&sm, MEV_DRAIN, 2, 1), MACT_PROBE_START);
