@@ -154,7 +154,8 @@ struct sim {
     size_t ontime;   /* late_after_s > 0: first waiting request not yet late */
     size_t nwaiting; /* arrived, not admitted */
     unsigned char *taken;
-    double ready_since; /* when the first of the ready replicas became ready */
+    double ready_since;  /* when the first of the ready replicas became ready */
+    double *admit_since; /* ready_since when each request was admitted (checks) */
     double *start, *first, *fin;
     int *rep;
     unsigned char *cold;
@@ -334,6 +335,7 @@ static int admit(struct sim *s, size_t i, size_t r)
     s->start[i] = s->now;
     s->rep[i] = (int)r;
     s->taken[i] = 1;
+    s->admit_since[i] = s->ready_since;
     s->nwaiting--;
     rp->seqs[rp->nseq++] = (struct seq){.req = (int)i, .prefill_left = q->ctx};
     return rp->stepping ? 0 : step_start(s, r);
@@ -1041,12 +1043,23 @@ static void finish(struct sim *s)
     for (size_t i = 0; i < tr->n; i++) {
         const struct trace_req *q = &tr->reqs[i];
         double t = s->first[i] - q->t;
-        /* In order, except that with late requests last a request may pass
-         * an older one only if that one was late by then. */
-        bool passed = i > 0 && s->start[i] < s->start[i - 1] &&
-                      !(s->cfg->late_after_s > 0 &&
-                        tr->reqs[i - 1].t < s->start[i] - s->cfg->late_after_s + 1e-9);
-        if (!(s->fin[i] >= s->first[i]) || !(s->start[i] >= q->t - 1e-9) || passed) {
+        /* In order, except that with late requests last a request passes an
+         * older one if and only if that one was late by then and it was not
+         * (lateness counted from arrival or the last readiness). */
+        bool bad_order = false;
+        if (i > 0) {
+            double late = s->cfg->late_after_s, prev_t = tr->reqs[i - 1].t;
+            if (late <= 0) {
+                bad_order = s->start[i] < s->start[i - 1];
+            } else if (s->start[i] < s->start[i - 1]) {
+                bad_order = !(fmax(prev_t, s->admit_since[i]) < s->start[i] - late + 1e-9);
+            } else if (s->start[i] > s->start[i - 1] + 1e-9 && q->t <= s->start[i - 1]) {
+                double at = s->start[i - 1], since = s->admit_since[i - 1];
+                bad_order = fmax(prev_t, since) < at - late - 1e-9 &&
+                            fmax(q->t, since) > at - late + 1e-9;
+            }
+        }
+        if (!(s->fin[i] >= s->first[i]) || !(s->start[i] >= q->t - 1e-9) || bad_order) {
             violation(s, "request %zu not served in order (arrival %.3f start %.3f)", i, q->t,
                       s->start[i]);
             continue;
@@ -1085,6 +1098,7 @@ static void sim_free(struct sim *s)
     thaw_free(s->heap);
     thaw_free(s->start);
     thaw_free(s->taken);
+    thaw_free(s->admit_since);
     thaw_free(s->first);
     thaw_free(s->fin);
     thaw_free(s->ttft);
@@ -1187,7 +1201,9 @@ int sim_run(const struct trace *tr, const struct sim_config *cfg, struct sim_res
     s->rep = thaw_calloc(n, sizeof(int));
     s->cold = thaw_calloc(n, 1);
     s->taken = thaw_calloc(n, 1);
-    int rc = (!s->start || !s->first || !s->fin || !s->ttft || !s->rep || !s->cold || !s->taken)
+    s->admit_since = thaw_calloc(n, sizeof(double));
+    int rc = (!s->start || !s->first || !s->fin || !s->ttft || !s->rep || !s->cold ||
+              !s->taken || !s->admit_since)
                  ? -1
                  : 0;
     if (rc == 0 && (cfg->kind == SIM_ORACLE || cfg->warm_start))
