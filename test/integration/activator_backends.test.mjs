@@ -174,54 +174,68 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2), 
   }
 });
 
-test('lateAfterSeconds: at the cap, a request that waited too long goes behind a newer one (0: FIFO)', async () => {
-  // One slow backend for two models; it records the order prompts reach it
-  // and answers each only when the test opens the gate.
-  let gateOpen = false;
-  const waiting = [];
-  const order = [];
+// A slow backend for the lateAfterSeconds tests: it records the prompts in the
+// order they reach it and answers each only once the gate is open (or after
+// 10 s, so a failed assertion cannot hang a test). /health answers 200 while
+// isHealthy() says so.
+async function gatedBackend({ isHealthy = () => true } = {}) {
+  const g = { gateOpen: false, waiting: [], order: [] };
   const answer = (res) => { if (!res.writableEnded) res.end('{"ok":true}'); };
   const srv = http.createServer((req, res) => {
-    if (req.url === '/health') { res.end('ok'); return; }
+    if (req.url === '/health') { res.statusCode = isHealthy() ? 200 : 503; res.end(); return; }
     const bufs = [];
     req.on('data', (b) => bufs.push(b));
     req.on('end', () => {
-      order.push(JSON.parse(Buffer.concat(bufs).toString()).prompt);
-      if (gateOpen) { answer(res); return; }
-      waiting.push(res);
+      g.order.push(JSON.parse(Buffer.concat(bufs).toString()).prompt);
+      if (g.gateOpen) { answer(res); return; }
+      g.waiting.push(res);
       setTimeout(() => answer(res), 10000).unref();
     });
   });
   await new Promise((r) => srv.listen(0, '127.0.0.1', r));
-  const port = srv.address().port;
-  const backend = `http://127.0.0.1:${port}`;
+  g.url = `http://127.0.0.1:${srv.address().port}`;
+  // Opens the gate and answers everything waiting at it.
+  g.release = () => {
+    g.gateOpen = true;
+    for (const res of g.waiting.splice(0)) answer(res);
+  };
+  g.close = async () => {
+    g.release();
+    srv.closeAllConnections();
+    await new Promise((r) => srv.close(r));
+  };
+  return g;
+}
+
+test('lateAfterSeconds: at the cap, a request that waited too long goes behind a newer one (0: FIFO)', async () => {
+  // One slow backend for two models.
+  const be = await gatedBackend();
   const act = await startActivator({
     models: [
-      { name: 'late', backend, maxConcurrencyPerEndpoint: 1, lateAfterSeconds: 1, ...fast },
-      { name: 'fifo', backend, maxConcurrencyPerEndpoint: 1, ...fast },
+      { name: 'late', backend: be.url, maxConcurrencyPerEndpoint: 1, lateAfterSeconds: 1, ...fast },
+      { name: 'fifo', backend: be.url, maxConcurrencyPerEndpoint: 1, ...fast },
     ],
   });
   const rs = [];
   try {
     for (const model of ['late', 'fifo']) {
-      gateOpen = true;
+      be.gateOpen = true;
       assert.equal((await complete(act.port, model, { prompt: `${model}-warm` })).status, 200);
       assert.equal((await act.model(model)).state, 'ready');
-      gateOpen = false;
-      order.length = 0;
+      be.gateOpen = false;
+      be.order.length = 0;
       // a takes the one slot; b waits at the cap and is late 1 s later; c
       // arrives 1.5 s after b and is released well within its own second.
       rs.push(complete(act.port, model, { prompt: 'a' }));
-      await waitUntil(() => waiting.length === 1, 5000, { what: `${model}: a at the backend` });
+      await waitUntil(() => be.waiting.length === 1, 5000, { what: `${model}: a at the backend` });
       rs.push(complete(act.port, model, { prompt: 'b' }));
       await waitUntil(async () => (await act.model(model)).held === 1, 5000, { what: `${model}: b waiting` });
       await new Promise((r) => setTimeout(r, 1500));
       rs.push(complete(act.port, model, { prompt: 'c' }));
       await waitUntil(async () => (await act.model(model)).held === 2, 5000, { what: `${model}: c waiting` });
-      gateOpen = true;
-      for (const res of waiting.splice(0)) answer(res);
+      be.release();
       for (const r of await Promise.all(rs.splice(0))) assert.equal(r.status, 200, r.body.toString());
-      assert.deepEqual(order, model === 'late' ? ['a', 'c', 'b'] : ['a', 'b', 'c'], model);
+      assert.deepEqual(be.order, model === 'late' ? ['a', 'c', 'b'] : ['a', 'b', 'c'], model);
     }
     // b went late under 'late'; under 'fifo' nothing counts as late.
     const m = await act.metrics();
@@ -230,37 +244,19 @@ test('lateAfterSeconds: at the cap, a request that waited too long goes behind a
     assert.equal((await act.model('late')).lateReleased, 1);
     await assertAccounted(act);
   } finally {
-    gateOpen = true;
-    for (const res of waiting.splice(0)) answer(res);
+    // On a failure, let the requests end before the stop so the assertion is what gets reported.
+    be.release();
     await Promise.allSettled(rs);
     await act.stop();
-    srv.closeAllConnections();
-    await new Promise((r) => srv.close(r));
+    await be.close();
   }
 });
 
 test('lateAfterSeconds: requests held while the model loads are late from its readiness, not from their arrival', async () => {
   let healthy = false;
-  let gateOpen = false;
-  const waiting = [];
-  const order = [];
-  const answer = (res) => { if (!res.writableEnded) res.end('{"ok":true}'); };
-  const srv = http.createServer((req, res) => {
-    if (req.url === '/health') { res.statusCode = healthy ? 200 : 503; res.end(); return; }
-    const bufs = [];
-    req.on('data', (b) => bufs.push(b));
-    req.on('end', () => {
-      order.push(JSON.parse(Buffer.concat(bufs).toString()).prompt);
-      if (gateOpen) { answer(res); return; }
-      waiting.push(res);
-      setTimeout(() => answer(res), 10000).unref();
-    });
-  });
-  await new Promise((r) => srv.listen(0, '127.0.0.1', r));
-  const port = srv.address().port;
+  const be = await gatedBackend({ isHealthy: () => healthy });
   const act = await startActivator({
-    models: [{ name: 'held', backend: `http://127.0.0.1:${port}`, maxConcurrencyPerEndpoint: 1,
-      lateAfterSeconds: 1, ...fast }],
+    models: [{ name: 'held', backend: be.url, maxConcurrencyPerEndpoint: 1, lateAfterSeconds: 1, ...fast }],
   });
   const rs = [];
   try {
@@ -270,23 +266,20 @@ test('lateAfterSeconds: requests held while the model loads are late from its re
     await waitUntil(async () => (await act.model('held')).held === 2, 5000, { what: 'a and b held' });
     await new Promise((r) => setTimeout(r, 2000));
     healthy = true;
-    await waitUntil(() => waiting.length === 1, 5000, { what: 'a released to the one slot' });
+    await waitUntil(() => be.waiting.length === 1, 5000, { what: 'a released to the one slot' });
     // c comes within a second of the release: b is not late yet, so it keeps its turn.
     rs.push(complete(act.port, 'held', { prompt: 'c' }));
     await waitUntil(async () => (await act.model('held')).held === 2, 5000, { what: 'b and c waiting' });
-    gateOpen = true;
-    for (const res of waiting.splice(0)) answer(res);
+    be.release();
     for (const r of await Promise.all(rs.splice(0))) assert.equal(r.status, 200, r.body.toString());
-    assert.deepEqual(order, ['a', 'b', 'c']);
+    assert.deepEqual(be.order, ['a', 'b', 'c']);
     assert.equal((await act.model('held')).lateReleased, 0);
     await assertAccounted(act);
   } finally {
-    gateOpen = true;
-    for (const res of waiting.splice(0)) answer(res);
+    be.release();
     await Promise.allSettled(rs);
     await act.stop();
-    srv.closeAllConnections();
-    await new Promise((r) => srv.close(r));
+    await be.close();
   }
 });
 
