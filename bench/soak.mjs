@@ -221,7 +221,8 @@ async function main() {
       flags: {
         'token-rate-query': 'sum by (model_name) (rate(vllm:generation_tokens_total[10s]))',
         'prometheus-interval-ms': 1000, 'redis-interval-ms': 500,
-        'scale-down-stabilization-seconds': 5, 'held-fresh-seconds': 5,
+        'scale-down-stabilization-seconds': 5, 'bursty-scale-down-stabilization-seconds': 5,
+        'held-fresh-seconds': 5,
       },
     });
     procs.scaler = scaler.proc;

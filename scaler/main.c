@@ -42,6 +42,7 @@ struct settings {
     long source_timeout_ms;
     double staleness_limit_seconds;
     double scale_down_stabilization_seconds;
+    double bursty_scale_down_stabilization_seconds;
     double held_fresh_seconds;
     double target_expiry_seconds;
     long max_connections;
@@ -82,11 +83,18 @@ static const struct opt_def option_defs[] = {
     {"staleness-limit-seconds", OPT_DOUBLE, S(staleness_limit_seconds), "60", 1, 86400,
      "after a source fails this long, GetMetrics answers UNAVAILABLE (KEDA fallback)",
      "stalenessLimitSeconds"},
-    {"scale-down-stabilization-seconds", OPT_DOUBLE, S(scale_down_stabilization_seconds), "240",
+    {"scale-down-stabilization-seconds", OPT_DOUBLE, S(scale_down_stabilization_seconds), "90",
      0, 86400,
-     "desired replicas are the max over this window (set HPA's own window to 0); a "
-     "ScaledObject's scaleDownWindowSeconds overrides it",
+     "desired replicas are the max over this window while the demand is steady (set HPA's "
+     "own window to 0; bursty demand: burstyScaleDownWindowSeconds); a ScaledObject's "
+     "scaleDownWindowSeconds overrides it",
      "scaleDownStabilizationSeconds"},
+    {"bursty-scale-down-stabilization-seconds", OPT_DOUBLE,
+     S(bursty_scale_down_stabilization_seconds), "240", 0, 86400,
+     "the same while the demand is bursty or was within 5 minutes, if longer (a lull in "
+     "bursty demand is followed by the next burst); a ScaledObject's "
+     "burstyScaleDownWindowSeconds overrides it",
+     "burstyScaleDownStabilizationSeconds"},
     {"held-fresh-seconds", OPT_DOUBLE, S(held_fresh_seconds), "5", 1, 3600,
      "activator held-count fields older than this are ignored; a wake counts this long",
      "heldFreshSeconds"},
@@ -507,6 +515,8 @@ int main(int argc, char **argv)
     struct scaler_state_config sc = {
         .staleness_limit_ms = (int64_t)(app.cfg.staleness_limit_seconds * 1000),
         .scale_down_window_ms = (int64_t)(app.cfg.scale_down_stabilization_seconds * 1000),
+        .bursty_scale_down_window_ms =
+            (int64_t)(app.cfg.bursty_scale_down_stabilization_seconds * 1000),
         .wake_hold_ms = (int64_t)(app.cfg.held_fresh_seconds * 1000),
         .target_expiry_ms = (int64_t)(app.cfg.target_expiry_seconds * 1000),
     };

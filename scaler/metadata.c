@@ -106,7 +106,7 @@ static int parse_policy_key(const struct policy_key *k, const char *value,
 }
 
 void metadata_policy_params(const struct scaler_spec *spec, int64_t default_scale_down_ms,
-                            struct policy_params *out)
+                            int64_t default_bursty_scale_down_ms, struct policy_params *out)
 {
     if (spec->policy_v1)
         policy_params_v1(out);
@@ -118,6 +118,10 @@ void metadata_policy_params(const struct scaler_spec *spec, int64_t default_scal
     out->activation_queue_length = spec->activation_queue_length;
     out->scale_down_window_ms =
         spec->scale_down_window_ms >= 0 ? spec->scale_down_window_ms : default_scale_down_ms;
+    if (!spec->policy_v1) /* v1 had one window */
+        out->bursty_scale_down_window_ms = spec->bursty_scale_down_window_ms >= 0
+                                               ? spec->bursty_scale_down_window_ms
+                                               : default_bursty_scale_down_ms;
 }
 
 static int parse_number(const struct number_key *k, const char *value, double *out, char *err,
@@ -155,6 +159,7 @@ int metadata_parse(const char *const *keys, const char *const *values, size_t n,
         *(double *)(void *)((char *)spec + number_keys[k].offset) = number_keys[k].def;
     policy_params_defaults(&spec->policy);
     spec->scale_down_window_ms = -1;
+    spec->bursty_scale_down_window_ms = -1;
     const char *model = NULL, *redis_key = NULL, *group = NULL;
 
     for (size_t i = 0; i < n; i++) {
@@ -185,11 +190,15 @@ int metadata_parse(const char *const *keys, const char *const *values, size_t n,
             spec->policy_v1 = strcmp(value, "v1") == 0;
             continue;
         }
-        if (strcmp(key, "scaleDownWindowSeconds") == 0) {
+        int64_t *window = strcmp(key, "scaleDownWindowSeconds") == 0 ? &spec->scale_down_window_ms
+                          : strcmp(key, "burstyScaleDownWindowSeconds") == 0
+                              ? &spec->bursty_scale_down_window_ms
+                              : NULL;
+        if (window) {
             double v;
             if (parse_bounded(key, value, 0, 86400, false, &v, err, errlen) != 0)
                 return -1;
-            spec->scale_down_window_ms = (int64_t)llround(v * 1000.0);
+            *window = (int64_t)llround(v * 1000.0);
             continue;
         }
         int matched = 0;
@@ -313,6 +322,7 @@ int metadata_spec_equal(const struct scaler_spec *a, const struct scaler_spec *b
            a->activation_token_rate == b->activation_token_rate &&
            a->activation_queue_length == b->activation_queue_length &&
            a->policy_v1 == b->policy_v1 && a->scale_down_window_ms == b->scale_down_window_ms &&
+           a->bursty_scale_down_window_ms == b->bursty_scale_down_window_ms &&
            policy_knobs_equal(&a->policy, &b->policy);
 }
 

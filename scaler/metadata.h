@@ -5,7 +5,8 @@
  *   model (required), targetTokensPerSecond (1000), targetQueueLength (10),
  *   redisKey (thaw:queue:<model>), redisStreamGroup (none),
  *   activationTokenRate (0), activationQueueLength (0),
- *   policy ("v2" or "v1"), scaleDownWindowSeconds (the scaler's flag), and the
+ *   policy ("v2" or "v1"), scaleDownWindowSeconds and
+ *   burstyScaleDownWindowSeconds (the scaler's flags; v2 only), and the
  *   policy v2 knobs (coldStartSeconds, targetUtilisation, ...: the table in
  *   metadata.c; their defaults are policy_params_defaults()).
  * KEDA's own keys (scalerAddress, enableTLS, unsafeSsl, caCert, tlsClientCert,
@@ -31,15 +32,17 @@ struct scaler_spec {
     double activation_queue_length;
     bool policy_v1;               /* policy: v1 (the v2 knobs below unused) */
     int64_t scale_down_window_ms; /* -1: the scaler's --scale-down-stabilization */
+    int64_t bursty_scale_down_window_ms; /* -1: the scaler's
+                                          * --bursty-scale-down-stabilization */
     /* v2 knobs: policy_params_defaults() overridden by the keys given; the
      * four fields above are the authority for their own values. */
     struct policy_params policy;
 };
 
 /* The policy parameters spec asks for, given the scaler's default scale-down
- * window. */
+ * windows (steady and bursty demand). */
 void metadata_policy_params(const struct scaler_spec *spec, int64_t default_scale_down_ms,
-                            struct policy_params *out);
+                            int64_t default_bursty_scale_down_ms, struct policy_params *out);
 
 /* Called for each key neither Thaw's nor KEDA's (so the caller can log it once). */
 typedef void (*metadata_unknown_fn)(void *ud, const char *key);

@@ -45,7 +45,7 @@ void policy_params_defaults(struct policy_params *p)
     memset(p, 0, sizeof(*p));
     p->target_tokens_per_second = 1000;
     p->target_queue_length = 10;
-    p->scale_down_window_ms = 240000;
+    p->scale_down_window_ms = 90000;
     p->cold_start_ms = 60000;
     p->target_utilisation = 0.88;
     p->trend_window_ms = 240000;
@@ -66,6 +66,7 @@ void policy_params_defaults(struct policy_params *p)
     p->wake_request_cost = 0.75;
     p->burst_cv = 1.0;
     p->bursty_utilisation = 0.92;
+    p->bursty_scale_down_window_ms = 240000;
 }
 
 void policy_params_v1(struct policy_params *p)
@@ -88,6 +89,7 @@ void policy_state_init(struct policy_state *st)
     for (int i = 0; i < POLICY_QUEUE_SLOTS; i++)
         st->queue_slot[i] = NO_SLOT;
     st->idle_since_ms = NO_TIME;
+    st->bursty_seen_ms = NO_TIME;
     st->wake_release_ms = NO_TIME;
     st->backlog_seen_ms = NO_TIME;
     st->last_call_ms = NO_TIME;
@@ -119,11 +121,17 @@ static long ceil_replicas(double x)
  * them: bounded memory and O(buckets) per decision whatever the call rate.
  * A bucket is counted while any part of it is inside the window, so the
  * stabilization errs on the side of keeping replicas up to one bucket longer. */
-static long window_max(struct policy_window *w, int64_t window_ms, int64_t now_ms, long raw)
+/* Records raw and returns the maximum over the last window_ms. The buckets
+ * are sized by span_ms, the longest window the caller ever asks of w, so a
+ * shorter window reads the same record. */
+static long window_max(struct policy_window *w, int64_t span_ms, int64_t window_ms,
+                       int64_t now_ms, long raw)
 {
-    if (window_ms <= 0)
+    if (span_ms < window_ms)
+        span_ms = window_ms;
+    if (span_ms <= 0)
         return raw;
-    int64_t width = window_ms / POLICY_WINDOW_BUCKETS;
+    int64_t width = span_ms / POLICY_WINDOW_BUCKETS;
     if (width < 1)
         width = 1;
     int64_t slot_start = now_ms - (now_ms % width);
@@ -136,6 +144,8 @@ static long window_max(struct policy_window *w, int64_t window_ms, int64_t now_m
         w->max[idx] = v;
     }
     long best = raw;
+    if (window_ms <= 0)
+        return best;
     for (int i = 0; i < POLICY_WINDOW_BUCKETS; i++) {
         if (w->start_ms[i] == NO_TIME)
             continue;
@@ -557,8 +567,10 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
     double u = p->target_utilisation > 0 && p->target_utilisation <= 1 ? p->target_utilisation : 1;
     /* Bursty demand: headroom does not absorb bursts of several times the
      * level (the queue and wake terms do), so less of it is kept. */
-    st->bursty = p->burst_cv > 0 && p->bursty_utilisation > 0 && p->bursty_utilisation <= 1 &&
-                 demand_cv(st, now_ms) > p->burst_cv;
+    bool demand_bursty = p->burst_cv > 0 && demand_cv(st, now_ms) > p->burst_cv;
+    if (demand_bursty)
+        st->bursty_seen_ms = now_ms;
+    st->bursty = demand_bursty && p->bursty_utilisation > 0 && p->bursty_utilisation <= 1;
     if (st->bursty)
         u = p->bursty_utilisation;
     /* Steady demand on replicas whose batch size is known: the headroom is
@@ -817,8 +829,18 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
                 now_ms - st->idle_since_ms < st->keep_warm_ms;
     d.active = busy || warm;
 
-    long held_level = window_max(&st->level, p->scale_down_window_ms, now_ms, level);
-    long held_surge = window_max(&st->surge, p->surge_hold_ms, now_ms,
+    /* A lull in bursty demand is followed by the next burst: scaling down
+     * into it costs a cold start. Steady demand that falls has fallen:
+     * holding its old level only burns GPU-seconds. The bursty verdict is
+     * held for one burst window so the window does not flap with it. */
+    int64_t down_span = p->scale_down_window_ms;
+    if (p->bursty_scale_down_window_ms > down_span)
+        down_span = p->bursty_scale_down_window_ms;
+    bool recently_bursty = st->bursty_seen_ms != NO_TIME &&
+                           now_ms - st->bursty_seen_ms <= POLICY_BURST_WINDOW_MS;
+    st->down_window_ms = recently_bursty ? down_span : p->scale_down_window_ms;
+    long held_level = window_max(&st->level, down_span, st->down_window_ms, now_ms, level);
+    long held_surge = window_max(&st->surge, p->surge_hold_ms, p->surge_hold_ms, now_ms,
                                  surge > wake ? surge : wake);
     d.desired = held_level > held_surge ? held_level : held_surge;
     if (d.desired < d.raw)

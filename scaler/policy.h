@@ -17,7 +17,10 @@
  *   level    = ceil(L), L = D / (C u), or with S known and steady demand
  *              L = x + staffing_beta x sqrt(x / S), x = D / C (square-root
  *              staffing in batch slots); held at its max over
- *              scale_down_window_ms
+ *              scale_down_window_ms, or over bursty_scale_down_window_ms
+ *              if longer while the demand is bursty or was within the last
+ *              5 minutes (bursty demand returns after a lull; steady demand
+ *              that falls has fallen)
  *   surge    = ceil(L + B / Q) and the wake term, held at their max
  *              over surge_hold_ms (a backlog is transient: no long hold)
  *   wake term (nothing ready, h requests held, growing at lambda lately):
@@ -117,6 +120,9 @@ struct policy_params {
                                       * over POLICY_BURST_WINDOW_MS above which it is bursty */
     double bursty_utilisation;       /* (0, 1]: the utilisation target while bursty; out of
                                       * range: target_utilisation stays */
+    int64_t bursty_scale_down_window_ms; /* >= 0: the scale-down window while the demand is
+                                          * bursty or was in the last POLICY_BURST_WINDOW_MS,
+                                          * if longer than scale_down_window_ms */
 };
 
 /* Fills every field with its default (the benchmark's choice, see
@@ -169,7 +175,7 @@ struct policy_window {
 
 /* Per target; storage owned by the caller, zeroed by policy_state_init. */
 struct policy_state {
-    struct policy_window level; /* rate-based replicas, scale_down_window_ms */
+    struct policy_window level; /* rate-based replicas, the scale-down window */
     struct policy_window surge; /* backlog and wake replicas, surge_hold_ms */
     bool has_decision;
     struct policy_decision last;
@@ -220,6 +226,8 @@ struct policy_state {
     int nwake, wake_next;
     long idle_replicas;          /* replicas when the model last went idle */
     bool bursty;                 /* the last decision used bursty_utilisation */
+    int64_t bursty_seen_ms;      /* last decision that found the demand bursty */
+    int64_t down_window_ms;      /* the scale-down window the last decision used */
     double utilisation;          /* the utilisation target of the last decision */
 };
 

@@ -198,7 +198,8 @@ static bool decision_differs(const struct policy_decision *a, const struct polic
 static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
 {
     struct policy_params p;
-    metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms, &p);
+    metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms,
+                           st->cfg.bursty_scale_down_window_ms, &p);
     struct policy_inputs in = {
         .token_rate = t->model->token_rate,
         /* The backlog: the job queue plus the requests activators keep
@@ -718,6 +719,9 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
         {"thaw_scaler_panicking", "gauge",
          "1 while the panic rule holds for the current overload (a backlog of queued and held "
          "requests above targetQueueLength likely to outlast a cold start)."},
+        {"thaw_scaler_scale_down_window_seconds", "gauge",
+         "The scale-down window the last decision held its level over: scaleDownWindowSeconds, "
+         "or burstyScaleDownWindowSeconds if longer while the demand is or lately was bursty."},
     };
     for (size_t f = 0; f < sizeof(per_target) / sizeof(per_target[0]); f++) {
         expo_family(out, per_target[f][0], per_target[f][1], per_target[f][2]);
@@ -747,7 +751,8 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
             case 6: v = t->decided ? t->pstate.utilisation : 0; break;
             case 7: {
                 struct policy_params p;
-                metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms, &p);
+                metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms,
+                           st->cfg.bursty_scale_down_window_ms, &p);
                 v = policy_tokens_per_request(&p, &t->pstate);
                 break;
             }
@@ -757,6 +762,11 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
                 v = (double)t->pstate.keep_warm_ms / 1000.0;
                 break;
             case 9: v = t->decided && t->pstate.over_panic ? 1 : 0; break;
+            case 10:
+                if (!t->decided)
+                    continue; /* no decision, no window used yet */
+                v = (double)t->pstate.down_window_ms / 1000.0;
+                break;
             default: break;
             }
             expo_sample(out, per_target[f][0], labels, v);
@@ -863,7 +873,8 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
             /* The policy in force and what it has learned, so "why this
              * many replicas" can be answered without reading the metadata. */
             struct policy_params p;
-            metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms, &p);
+            metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms,
+                           st->cfg.bursty_scale_down_window_ms, &p);
             /* The utilisation target of the last decision (the bursty one
              * while the demand is bursty); before any, the configured one
              * (0 means none: all of the capacity). */
@@ -875,7 +886,9 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
                                     "bursty", (int)(t->decided && t->pstate.bursty),
                                     "panicking", (int)(t->decided && t->pstate.over_panic),
                                     "scaleDownWindowSeconds",
-                                    (double)p.scale_down_window_ms / 1000.0);
+                                    (double)(t->decided ? t->pstate.down_window_ms
+                                                        : p.scale_down_window_ms) /
+                                        1000.0);
             if (pol) {
                 /* null before the policy's first decision computes it */
                 int64_t kw = t->spec.policy_v1 ? 0 : t->pstate.keep_warm_ms;

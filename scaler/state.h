@@ -27,7 +27,8 @@ const char *source_to_str(enum source_id s);
 
 struct scaler_state_config {
     int64_t staleness_limit_ms;   /* GetMetrics fails past this; default 60 s */
-    int64_t scale_down_window_ms; /* policy stabilization */
+    int64_t scale_down_window_ms; /* policy stabilization, steady demand */
+    int64_t bursty_scale_down_window_ms; /* ... and bursty demand, if longer */
     int64_t wake_hold_ms;         /* a wake message counts as one held request this long */
     int64_t target_expiry_ms;     /* targets not asked about this long are dropped */
 };

@@ -42,7 +42,7 @@ const OPTIONS = {
   'polling-interval': { type: 'string', default: '2', help: 'KEDA pollingInterval, seconds' },
   cooldown: { type: 'string', default: '15', help: 'KEDA cooldownPeriod, seconds' },
   'hpa-sync': { type: 'string', default: '2', help: 'HPA sync period (and rate-limit period), seconds' },
-  'scaler-stabilization': { type: 'string', default: '10', help: 'thaw-scaler --scale-down-stabilization-seconds' },
+  'scaler-stabilization': { type: 'string', default: '10', help: 'thaw-scaler --scale-down-stabilization-seconds and --bursty-scale-down-stabilization-seconds' },
   'rate-window': { type: 'string', default: '10s', help: 'range of rate() in the token-rate query' },
   'max-tokens': { type: 'string', default: '512', help: 'cap on max_tokens (the trace\'s GeneratedTokens)' },
   'max-prompt-tokens': { type: 'string', default: '4096', help: 'cap on the prompt size (the trace\'s ContextTokens)' },
@@ -277,6 +277,7 @@ async function main() {
       'prometheus-interval-ms': 1000,
       'redis-interval-ms': 500,
       'scale-down-stabilization-seconds': opt.scalerStabilization,
+      'bursty-scale-down-stabilization-seconds': opt.scalerStabilization,
       ...timescaleFlags(opt, await scalerFlags()),
       ...opt.scalerFlags,
     };

@@ -174,6 +174,8 @@ static int apply_thaw_overrides(const char *spec, struct sim_config *sc, char *e
             p->wake_request_cost = v;
         else if (strcmp(kv, "burst_cv") == 0)
             p->burst_cv = v;
+        else if (strcmp(kv, "bursty_scale_down_window_s") == 0)
+            p->bursty_scale_down_window_ms = (int64_t)(v * 1000);
         else if (strcmp(kv, "bursty_utilisation") == 0)
             p->bursty_utilisation = v;
         else if (strcmp(kv, "cold_start_s") == 0)

@@ -48,7 +48,11 @@ static void on_change(void *ud, struct target *t, const struct policy_decision *
 
 static struct scaler_state *make_state(int64_t now)
 {
-    struct scaler_state_config cfg = {60000, 300000, 5000, 3600000};
+    struct scaler_state_config cfg = {.staleness_limit_ms = 60000,
+                                      .scale_down_window_ms = 300000,
+                                      .bursty_scale_down_window_ms = 300000,
+                                      .wake_hold_ms = 5000,
+                                      .target_expiry_ms = 3600000};
     struct scaler_state *st = scaler_state_new(&cfg, now, on_change, NULL);
     if (!st)
         return NULL;

@@ -551,7 +551,11 @@ static void run(const uint8_t *data, size_t size, bool checks)
     f.base = event_base_new();
     if (!f.base)
         fuzz_fail(__FILE__, __LINE__, "event_base_new failed");
-    struct scaler_state_config sc = {60000, 300000, 5000, 3600000};
+    struct scaler_state_config sc = {.staleness_limit_ms = 60000,
+                                     .scale_down_window_ms = 300000,
+                                     .bursty_scale_down_window_ms = 300000,
+                                     .wake_hold_ms = 5000,
+                                     .target_expiry_ms = 3600000};
     h.st = scaler_state_new(&sc, clock_mono_ms(), on_change, &h);
     if (!h.st)
         goto out;

@@ -291,7 +291,11 @@ static void run_health(const uint8_t *p, size_t n)
 static void run(const uint8_t *data, size_t size, bool with_checks)
 {
     checks = with_checks;
-    struct scaler_state_config cfg = {60000, 300000, 5000, 3600000};
+    struct scaler_state_config cfg = {.staleness_limit_ms = 60000,
+                                      .scale_down_window_ms = 300000,
+                                      .bursty_scale_down_window_ms = 300000,
+                                      .wake_hold_ms = 5000,
+                                      .target_expiry_ms = 3600000};
     now_ms = 1000000;
     struct scaler_state *st = scaler_state_new(&cfg, now_ms, on_change, NULL);
     if (!st) {

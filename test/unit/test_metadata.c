@@ -151,12 +151,13 @@ static void test_policy_keys(void **unused)
     policy_params_defaults(&def);
     assert_int_equal(PARSE(&s, err, "model", "m", "targetTokensPerSecond", "500"), 0);
     assert_false(s.policy_v1);
-    metadata_policy_params(&s, 123000, &p);
+    metadata_policy_params(&s, 123000, 456000, &p);
     assert_true(p.target_tokens_per_second == 500);
     assert_true(p.cold_start_ms == def.cold_start_ms);
     assert_true(p.target_utilisation == def.target_utilisation);
     assert_true(p.keep_warm_cost == def.keep_warm_cost);
-    assert_true(p.scale_down_window_ms == 123000); /* the scaler's flag */
+    assert_true(p.scale_down_window_ms == 123000); /* the scaler's flags */
+    assert_true(p.bursty_scale_down_window_ms == 456000);
     metadata_spec_finish(&s);
 
     assert_int_equal(PARSE(&s, err, "model", "m", "coldStartSeconds", "2.5", "targetUtilisation",
@@ -168,9 +169,10 @@ static void test_policy_keys(void **unused)
                            "wakeRequestCost", "2", "burstinessThreshold", "0",
                            "burstyTargetUtilisation", "0.95", "panicLookahead", "0.5",
                            "replicaConcurrency", "64", "staffingBeta", "0.5",
-                           "lateAfterSeconds", "1", "lateClearSeconds", "120"),
+                           "lateAfterSeconds", "1", "lateClearSeconds", "120",
+                           "burstyScaleDownWindowSeconds", "0"),
                      0);
-    metadata_policy_params(&s, 123000, &p);
+    metadata_policy_params(&s, 123000, 456000, &p);
     assert_true(p.cold_start_ms == 2500);
     assert_true(p.target_utilisation == 0.7);
     assert_true(p.trend_window_ms == 0);
@@ -183,6 +185,7 @@ static void test_policy_keys(void **unused)
     assert_true(p.drain_time_factor == 0.5);
     assert_true(p.wake_backlog_share == 1);
     assert_true(p.scale_down_window_ms == 20000);
+    assert_true(p.bursty_scale_down_window_ms == 0); /* 0 given: not the flag */
     assert_true(p.panic_window_ms == 12500);
     assert_true(p.wake_request_cost == 2);
     assert_true(p.burst_cv == 0);
@@ -196,14 +199,21 @@ static void test_policy_keys(void **unused)
     assert_int_equal(PARSE(&t, err, "model", "m", "coldStartSeconds", "2.5"), 0);
     assert_false(metadata_spec_equal(&s, &t)); /* a knob change is a spec change */
     metadata_spec_finish(&t);
+    struct scaler_spec u, w;
+    assert_int_equal(PARSE(&u, err, "model", "m", "burstyScaleDownWindowSeconds", "300"), 0);
+    assert_int_equal(PARSE(&w, err, "model", "m", "burstyScaleDownWindowSeconds", "240"), 0);
+    assert_false(metadata_spec_equal(&u, &w)); /* the bursty window is part of the spec */
+    metadata_spec_finish(&u);
+    metadata_spec_finish(&w);
     metadata_spec_finish(&s);
 
     assert_int_equal(PARSE(&s, err, "model", "m", "policy", "v1", "coldStartSeconds", "9"), 0);
     assert_true(s.policy_v1);
     struct policy_params v1;
     policy_params_v1(&v1);
-    metadata_policy_params(&s, 300000, &p);
+    metadata_policy_params(&s, 300000, 456000, &p);
     assert_true(p.cold_start_ms == v1.cold_start_ms); /* v2 knobs unused by v1 */
+    assert_true(p.bursty_scale_down_window_ms == 0); /* v1 has one window */
     assert_true(p.target_utilisation == v1.target_utilisation);
     assert_true(p.keep_warm_cost == 0);
     assert_true(p.scale_down_window_ms == 300000);
@@ -225,6 +235,9 @@ static void test_policy_keys(void **unused)
     assert_non_null(strstr(err, "'coldStartSeconds'"));
     assert_int_equal(PARSE(&s, err, "model", "m", "scaleDownWindowSeconds", "x"), -1);
     assert_non_null(strstr(err, "'scaleDownWindowSeconds'"));
+    assert_int_equal(PARSE(&s, err, "model", "m", "burstyScaleDownWindowSeconds", "-5"), -1);
+    assert_string_equal(
+        err, "metadata key 'burstyScaleDownWindowSeconds': expected a number in [0, 86400], got '-5'");
     assert_int_equal(PARSE(&s, err, "model", "m", "tokensPerRequest", "0"), -1);
     assert_int_equal(PARSE(&s, err, "model", "m", "replicaConcurrency", "0.001"), -1);
     assert_string_equal(

@@ -207,6 +207,7 @@ static struct policy_params v2(void)
     p.target_queue_length = 10;
     p.target_utilisation = 1;
     p.scale_down_window_ms = 0;
+    p.bursty_scale_down_window_ms = 0;
     p.surge_hold_ms = 0;
     p.trend_window_ms = 0;
     p.cold_start_ms = 60000;
@@ -346,6 +347,88 @@ static void test_bursty_demand_uses_its_own_utilisation(void **unused)
     assert_int_equal(ds.desired, 5);
     assert_true(bursty.bursty);
     assert_int_equal(db.desired, 12);
+}
+
+/* While the demand is bursty, and for one burst window (5 minutes) after it
+ * last was, the level is held over the bursty window; steady demand uses
+ * the shorter steady one. The bursty window never shortens a longer steady
+ * one. The window used is recorded for /metrics. */
+static void test_bursty_demand_holds_its_level_longer(void **unused)
+{
+    struct policy_params p = v2();
+    p.burst_cv = 0.8;
+    p.bursty_utilisation = 1;
+    p.scale_down_window_ms = 30000;
+    p.bursty_scale_down_window_ms = 120000;
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = {0};
+    /* 0 / 1200 tokens/s alternating every 20 s (cv 1): bursty. */
+    int t = 0;
+    for (; t <= 439; t++)
+        d = run(&p, &st, (t / 20) % 2 ? 1200 : 0, 0, 0, (int64_t)t * 1000);
+    assert_true(st.bursty);
+    assert_int_equal(st.down_window_ms, 120000);
+    assert_int_equal(d.desired, 12);
+    /* In the next lull (demand 0, shorter than the keep-warm time) the
+     * burst's 12 is held. */
+    for (; t <= 455; t++)
+        d = run(&p, &st, 0, 0, 0, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 12);
+    assert_int_equal(d.reason, POLICY_REASON_STABILIZING);
+
+    /* Then steady 200 tokens/s: the demand stops being bursty once the
+     * bursts leave its 5-minute history, yet the bursty window holds for
+     * 5 minutes more, so 12 stays until 120 s after the last burst. */
+    int64_t last_bursty_ms = -1;
+    for (; t <= 1500; t++) {
+        d = run(&p, &st, 200, 0, 0, (int64_t)t * 1000);
+        if (st.down_window_ms == 120000)
+            last_bursty_ms = (int64_t)t * 1000;
+        if (t == 555)
+            assert_int_equal(d.desired, 12); /* the last burst ended at t = 439 */
+        if (t == 565)
+            assert_int_equal(d.desired, 2);
+    }
+    assert_false(st.bursty);
+    assert_int_equal(st.down_window_ms, 30000);
+    assert_int_equal(d.desired, 2);
+    /* The verdict was last bursty somewhere in the mixed history after the
+     * steady demand began, and the longer window ended 5 minutes after it. */
+    assert_true(last_bursty_ms > 456000);
+    assert_true(last_bursty_ms < 1500000);
+    assert_int_equal(last_bursty_ms - st.bursty_seen_ms, POLICY_BURST_WINDOW_MS);
+
+    /* Steady demand that falls is scaled down after the steady window (a
+     * step of 2x is not bursty: the cv of such a mix stays below 0.35). */
+    for (; t <= 1600; t++)
+        d = run(&p, &st, 400, 0, 0, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 4);
+    assert_int_equal(st.down_window_ms, 30000);
+    for (; t <= 1640; t++)
+        d = run(&p, &st, 200, 0, 0, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 2); /* 40 s later: past the 30 s window */
+    assert_int_equal(st.down_window_ms, 30000);
+
+    /* A longer steady window is never shortened by the bursty one. */
+    struct policy_params q = p;
+    q.scale_down_window_ms = 200000;
+    policy_state_init(&st);
+    for (t = 0; t <= 425; t++)
+        d = run(&q, &st, (t / 20) % 2 ? 1200 : 0, 0, 0, (int64_t)t * 1000);
+    assert_true(st.bursty);
+    assert_int_equal(st.down_window_ms, 200000);
+
+    /* burst_cv 0 (never bursty): the steady window only. */
+    q = p;
+    q.burst_cv = 0;
+    policy_state_init(&st);
+    for (t = 0; t <= 425; t++)
+        d = run(&q, &st, (t / 20) % 2 ? 1200 : 0, 0, 0, (int64_t)t * 1000);
+    assert_int_equal(st.down_window_ms, 30000);
+    for (; t <= 455; t++)
+        d = run(&q, &st, 0, 0, 0, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 0); /* the lull scales down */
 }
 
 static void test_forecast_follows_a_trend(void **unused)
@@ -1071,6 +1154,7 @@ int main(void)
         cmocka_unit_test(test_utilisation_target),
         cmocka_unit_test(test_square_root_staffing_when_the_batch_is_known),
         cmocka_unit_test(test_bursty_demand_uses_its_own_utilisation),
+        cmocka_unit_test(test_bursty_demand_holds_its_level_longer),
         cmocka_unit_test(test_forecast_follows_a_trend),
         cmocka_unit_test(test_forecast_ignores_noise),
         cmocka_unit_test(test_demand_by_conservation),

@@ -314,6 +314,9 @@ static void test_policy_v2_reaches_the_decision(void **unused)
     assert_non_null(strstr(text, want));
     snprintf(want, sizeof(want), "thaw_scaler_panicking%s 0\n", labels);
     assert_non_null(strstr(text, want));
+    /* The window the decision used: the scaler's (0 here), the demand steady. */
+    snprintf(want, sizeof(want), "thaw_scaler_scale_down_window_seconds%s 0\n", labels);
+    assert_non_null(strstr(text, want));
     assert_non_null(strstr(text, "\"tokensPerRequest\":256"));
     assert_non_null(strstr(text, "\"tokensPerRequestEpisodes\":0"));
     evbuffer_free(b);

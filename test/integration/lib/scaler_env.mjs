@@ -21,6 +21,7 @@ export const FAST_FLAGS = {
   'redis-interval-ms': 200,
   'staleness-limit-seconds': 3,
   'scale-down-stabilization-seconds': 0,
+  'bursty-scale-down-stabilization-seconds': 0,
   'held-fresh-seconds': 5,
   'token-rate-query': FAST_QUERY,
   // Signal tests use keys of every shape; scaler_tenancy.test.mjs tests the
