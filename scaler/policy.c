@@ -62,7 +62,7 @@ void policy_params_defaults(struct policy_params *p)
     p->panic_window_ms = 3000;
     p->panic_lookahead = 0;
     p->replica_slots = 0;
-    p->staffing_beta = 1;
+    p->staffing_beta = 1.25;
     p->wake_request_cost = 0.75;
     p->burst_cv = 1.0;
     p->bursty_utilisation = 0.92;
