@@ -1283,7 +1283,8 @@ static void publish_held(struct model_rt *m)
     bool ready = m->sm.state == MODEL_READY;
     size_t held = ready ? 0 : n;
     size_t queued = ready ? n : 0;
-    if (redis_link_held(px->redis, m->name, held, queued, clock_unix_ms()) == 0)
+    if (redis_link_held(px->redis, m->name, held, queued, m->mc->late_after_ms,
+                        clock_unix_ms()) == 0)
         m->held_published = n > 0;
 }
 

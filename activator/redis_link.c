@@ -340,7 +340,7 @@ int redis_link_wake(struct redis_link *l, const char *model)
 }
 
 int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t queued,
-                    int64_t unix_ms)
+                    int64_t late_after_ms, int64_t unix_ms)
 {
     char key[512];
     int n = snprintf(key, sizeof(key), "thaw:held:%s", model);
@@ -351,12 +351,16 @@ int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t
         return send_cmd(l, 3, argv);
     }
     /* Two parts when nothing is queued, so scalers that know only
-     * <count>:<unix-ms> still read cold holds. */
+     * <count>:<unix-ms> still read cold holds; the fourth (the order a
+     * serving backlog is sent in) only with a queue it applies to. */
     char val[96];
     if (queued == 0)
         snprintf(val, sizeof(val), "%zu:%lld", held, (long long)unix_ms);
-    else
+    else if (late_after_ms <= 0)
         snprintf(val, sizeof(val), "%zu:%lld:%zu", held, (long long)unix_ms, queued);
+    else
+        snprintf(val, sizeof(val), "%zu:%lld:%zu:%lld", held, (long long)unix_ms, queued,
+                 (long long)late_after_ms);
     const char *argv[] = {"HSET", key, l->instance_id, val};
     return send_cmd(l, 4, argv);
 }

@@ -16,7 +16,7 @@
 //   THAW_BUILD_DIR  build directory holding bench/replay/thaw-replay (default <repo>/build)
 //   THAW_TRACE_DIR  traces (default <repo>/../shared/traces)
 //   GRID_JOBS       parallel replays (default 2)
-// Bounded: 864 replays of about 0.5 s each; every replay has a 300 s timeout
+// Bounded: 972 replays of about 0.5 s each; every replay has a 300 s timeout
 // and the whole grid 30 minutes. Verdicts use the JSON's 6-digit values, so
 // an exact tie with a baseline may be judged unlike thaw-replay's own table.
 
@@ -40,15 +40,15 @@ const DEADLINE_MS = 30 * 60 * 1000;
 
 // The knobs that move the cost/SLO trade-off, each around its default.
 const grid = {
-  staffing_beta: [0.5, 1, 1.5, 2],
+  staffing_beta: [0.5, 1.25, 2],
   bursty_utilisation: [0.8, 0.92, 1],
   keep_warm_cost: [0, 0.5, 1, 2],
   wake_backlog_share: [0.5, 1, 1.5],
-  scale_down_window_s: [60, 240],
+  scale_down_window_s: [60, 90, 240], // the steady window; the bursty one stays 240 s
   surge_hold_s: [10, 30, 60],
 };
-const defaults = 'staffing_beta=1,bursty_utilisation=0.92,keep_warm_cost=1,' +
-  'wake_backlog_share=1,scale_down_window_s=240,surge_hold_s=30';
+const defaults = 'staffing_beta=1.25,bursty_utilisation=0.92,keep_warm_cost=1,' +
+  'wake_backlog_share=1,scale_down_window_s=90,surge_hold_s=30';
 
 if (!fs.existsSync(bin)) {
   console.error(`replay_grid: ${bin} not found; build it: meson compile -C ${build} thaw-replay`);

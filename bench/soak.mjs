@@ -251,10 +251,10 @@ async function main() {
       scalerAddress: scaler.grpcAddress,
       models,
       // coldStartSeconds: the replicas' 1.5 s load plus one KEDA poll;
-      // replicaConcurrency: their --max-batch; lateAfterSeconds: the activator's.
+      // replicaConcurrency: their --max-batch. lateAfterSeconds is the
+      // activator's, published with its queue.
       metadata: {
         targetTokensPerSecond: 600, targetQueueLength: 10, coldStartSeconds: 4, replicaConcurrency: 16,
-        lateAfterSeconds: 1,
       },
       pollingIntervalMs: 2000, cooldownMs: 10000, maxReplicaCount: 3, hpaSyncMs: 2000,
       behavior: defaultBehavior(2000),

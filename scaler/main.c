@@ -173,12 +173,12 @@ static void queue_done(void *ud, int status, const long long *lengths, size_t n,
 }
 
 static void held_done(void *ud, int status, const long long *held, const long long *queued,
-                      size_t n, const char *err)
+                      const long long *late_ms, size_t n, const char *err)
 {
     struct app *app = ud;
     app->held_in_flight = false;
     if (status == 0)
-        scaler_state_held_ok(app->st, held, queued, n, clock_mono_ms());
+        scaler_state_held_ok(app->st, held, queued, late_ms, n, clock_mono_ms());
     else
         scaler_state_source_failed(app->st, SOURCE_REDIS_HELD, err, clock_mono_ms());
 }

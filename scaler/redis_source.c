@@ -88,31 +88,38 @@ static const char rs_queue_script[] =
     "return out\n";
 
 /* KEYS[i] = thaw:held:<model>, ARGV = now_ms, fresh_ms. Field values are
- * "<held>:<unix-ms>" or "<held>:<unix-ms>:<queued>" (held: nothing ready;
- * queued: waiting at the activator's concurrency cap); the digit limits keep
- * the sums exact in Lua's doubles. Two numbers per key: the held sum, the
- * queued sum. Fresh is two-sided: a stamp from more than fresh_ms in the
- * future (an activator whose clock runs ahead, or garbage) must not hold a
- * model up forever. */
+ * "<held>:<unix-ms>", "<held>:<unix-ms>:<queued>" or
+ * "<held>:<unix-ms>:<queued>:<late-ms>" (held: nothing ready; queued:
+ * waiting at the activator's concurrency cap; late-ms: its lateAfterSeconds
+ * in ms); the digit limits keep the sums exact in Lua's doubles. Three
+ * numbers per key: the held sum, the queued sum, and the smallest late-ms
+ * of the fields with a queue (none: 0, FIFO; no such field: -1). Fresh is
+ * two-sided: a stamp from more than fresh_ms in the future (an activator
+ * whose clock runs ahead, or garbage) must not hold a model up forever. */
 static const char rs_held_script[] =
     "local now = tonumber(ARGV[1])\n"
     "local fresh = tonumber(ARGV[2])\n"
     "local out = {}\n"
     "for i, key in ipairs(KEYS) do\n"
-    "  local held, queued = 0, 0\n"
+    "  local held, queued, late = 0, 0, -1\n"
     "  if redis.call('TYPE', key)['ok'] == 'hash' then\n"
     "    local kv = redis.call('HGETALL', key)\n"
     "    for j = 2, #kv, 2 do\n"
-    "      local c, ts, q = string.match(kv[j], '^(%d+):(%d+):?(%d*)$')\n"
-    "      if c and #c <= 9 and #ts <= 15 and #q <= 9 and tonumber(ts) >= now - fresh\n"
-    "         and tonumber(ts) <= now + fresh then\n"
+    "      local c, ts, q, l = string.match(kv[j], '^(%d+):(%d+):?(%d*):?(%d*)$')\n"
+    "      if c and #c <= 9 and #ts <= 15 and #q <= 9 and #l <= 9\n"
+    "         and tonumber(ts) >= now - fresh and tonumber(ts) <= now + fresh then\n"
     "        held = held + tonumber(c)\n"
-    "        if #q > 0 then queued = queued + tonumber(q) end\n"
+    "        if #q > 0 and tonumber(q) > 0 then\n"
+    "          queued = queued + tonumber(q)\n"
+    "          local f = #l > 0 and tonumber(l) or 0\n"
+    "          if late < 0 or f < late then late = f end\n"
+    "        end\n"
     "      end\n"
     "    end\n"
     "  end\n"
-    "  out[2 * i - 1] = held\n"
-    "  out[2 * i] = queued\n"
+    "  out[3 * i - 2] = held\n"
+    "  out[3 * i - 1] = queued\n"
+    "  out[3 * i] = late\n"
     "end\n"
     "return out\n";
 
@@ -150,7 +157,7 @@ struct rs_batch {
     char now_s[24];
     char fresh_s[24];
     long long *vals; /* results, filled as chunk replies arrive: n for a queue
-                      * batch, 2n (held, queued per model) for a held batch */
+                      * batch, 3n (all held, all queued, all late) for a held batch */
     size_t chunks;
     size_t chunks_done;
     bool failed;
@@ -481,9 +488,9 @@ static void rs_batch_settle(struct rs_batch *b, const char *reason)
             cb(ud, 0, vals, n, NULL);
     } else if (held_cb && !src->dying) {
         if (failed)
-            held_cb(ud, -1, NULL, NULL, 0, err);
+            held_cb(ud, -1, NULL, NULL, NULL, 0, err);
         else
-            held_cb(ud, 0, vals, vals ? vals + n : NULL, n, NULL);
+            held_cb(ud, 0, vals, vals ? vals + n : NULL, vals ? vals + 2 * n : NULL, n, NULL);
     }
     thaw_free(vals);
 }
@@ -581,14 +588,17 @@ static void rs_on_batch_reply(redisAsyncContext *ac, void *r, void *priv)
             b->vals[lo + j] = e->type == REDIS_REPLY_INTEGER ? e->integer : -1;
         }
     } else if (kind == RS_BATCH_HELD && reply->type == REDIS_REPLY_ARRAY &&
-               reply->elements == 2 * nk) {
-        /* held[i] then queued[i] per key; vals holds all held counts, then
-         * all queued counts. */
+               reply->elements == 3 * nk) {
+        /* held[i], queued[i], late[i] per key; vals holds all held counts,
+         * then all queued counts, then all late settings. */
         for (size_t j = 0; j < nk; j++) {
-            const redisReply *h = reply->element[2 * j], *q = reply->element[2 * j + 1];
+            const redisReply *h = reply->element[3 * j], *q = reply->element[3 * j + 1],
+                             *l = reply->element[3 * j + 2];
             b->vals[lo + j] = h->type == REDIS_REPLY_INTEGER && h->integer > 0 ? h->integer : 0;
             b->vals[b->n + lo + j] =
                 q->type == REDIS_REPLY_INTEGER && q->integer > 0 ? q->integer : 0;
+            b->vals[2 * b->n + lo + j] =
+                l->type == REDIS_REPLY_INTEGER && l->integer >= 0 ? l->integer : -1;
         }
     } else {
         rs_batch_record_error(b, "unexpected reply to the script");
@@ -697,8 +707,8 @@ static void rs_batch_timer_cb(evutil_socket_t fd, short what, void *arg)
 static int rs_batch_launch(struct rs_batch *b, redis_queue_cb cb, redis_held_cb held_cb, void *ud)
 {
     struct redis_source *src = b->src;
-    /* A held batch has two results per model: held, then queued. */
-    size_t per_key = b->kind == RS_BATCH_HELD ? 2 : 1;
+    /* A held batch has three results per model: held, queued, late. */
+    size_t per_key = b->kind == RS_BATCH_HELD ? 3 : 1;
     b->vals = b->n ? thaw_calloc(b->n * per_key, sizeof *b->vals) : NULL;
     if (b->n && !b->vals) {
         rs_batch_reset(b);

@@ -5,8 +5,9 @@
  *   Redis itself. All keys of one interval cost one round trip, whatever their
  *   number.
  * - Held and queued requests: activators keep `HSET thaw:held:<model> <instance>
- *   <held>:<unix-ms>[:<queued>]` fresh; the sums of fresh fields per model,
- *   also one round trip per interval.
+ *   <held>:<unix-ms>[:<queued>[:<late-ms>]]` fresh; the sums of fresh fields
+ *   per model and the order their queues are sent in, also one round trip per
+ *   interval.
  * - Wake messages: a second connection stays SUBSCRIBEd to `thaw:wake`; each
  *   message body is a model name, delivered to on_wake as it arrives.
  * Both connections reconnect by themselves with a capped backoff.
@@ -86,13 +87,17 @@ int redis_source_queue_lengths(struct redis_source *src, const struct redis_queu
 /* Per model, from the fields of thaw:held:<models[i]> whose timestamp is
  * within fresh_ms of now_unix_ms (either side: clock skew): held[i] sums the
  * requests activators hold because nothing is ready, queued[i] those waiting
- * at an activator's concurrency cap while replicas are ready (field values
- * "<held>:<unix-ms>" or "<held>:<unix-ms>:<queued>"; fields that fail to
- * parse, or with a count over 9 digits, are ignored; a missing key or one
- * that is not a hash counts 0). Same status, copying and calling rules as
- * above; on failure both arrays are NULL. */
+ * at an activator's concurrency cap while replicas are ready, late_ms[i] is
+ * the smallest lateAfterSeconds (ms) of the fields with such a queue, 0 when
+ * one of them has none (it sends FIFO), -1 when no field has a queue (field
+ * values "<held>:<unix-ms>", "<held>:<unix-ms>:<queued>" or
+ * "<held>:<unix-ms>:<queued>:<late-ms>"; fields that fail to parse, or with a
+ * number over 9 digits, are ignored; a missing key or one that is not a hash
+ * counts 0). Same status, copying and calling rules as above; on failure the
+ * three arrays are NULL. */
 typedef void (*redis_held_cb)(void *ud, int status, const long long *held,
-                              const long long *queued, size_t n, const char *err);
+                              const long long *queued, const long long *late_ms, size_t n,
+                              const char *err);
 int redis_source_held_counts(struct redis_source *src, const char *const *models, size_t n,
                              int64_t now_unix_ms, int64_t fresh_ms, redis_held_cb cb, void *ud);
 

@@ -26,6 +26,10 @@ struct model_sig {
     bool seen_in_answer;
     double held;
     double queued; /* waiting at activators' concurrency caps (replicas ready) */
+    /* The activators' lateAfterSeconds (ms) for that queue, as they publish
+     * it: the smallest among those with a queue, 0 if one sends FIFO; -1
+     * while none has a queue (the ScaledObject's setting applies). */
+    int64_t late_after_ms;
     uint64_t changed_in; /* the source update that last changed an input */
     double prev_rate;    /* before the Prometheus answer being applied */
     bool prev_absent;
@@ -195,11 +199,23 @@ static bool decision_differs(const struct policy_decision *a, const struct polic
     return a->desired != b->desired || a->active != b->active || a->reason != b->reason;
 }
 
+/* The policy parameters of a target: its spec's, with the scaler's windows
+ * and, while the activators report a queue, the order they send it in (what
+ * they do is the fact; the ScaledObject's lateAfterSeconds is the fallback,
+ * e.g. for activators too old to publish it). */
+static void target_policy_params(const struct scaler_state *st, const struct target *t,
+                                 struct policy_params *p)
+{
+    metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms,
+                           st->cfg.bursty_scale_down_window_ms, p);
+    if (t->model->late_after_ms >= 0 && !t->spec.policy_v1)
+        p->late_after_ms = t->model->late_after_ms;
+}
+
 static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
 {
     struct policy_params p;
-    metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms,
-                           st->cfg.bursty_scale_down_window_ms, &p);
+    target_policy_params(st, t, &p);
     struct policy_inputs in = {
         .token_rate = t->model->token_rate,
         /* The backlog: the job queue plus the requests activators keep
@@ -284,6 +300,7 @@ static struct model_sig *model_get(struct scaler_state *st, const char *name)
     m = thaw_calloc(1, sizeof(*m));
     if (!m)
         return NULL;
+    m->late_after_ms = -1; /* no activator queue seen */
     m->name = thaw_strdup(name);
     if (!m->name || strmap_put(st->models, name, m) != 0) {
         model_free(m);
@@ -584,17 +601,22 @@ size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out)
 }
 
 void scaler_state_held_ok(struct scaler_state *st, const long long *held, const long long *queued,
-                          size_t n, int64_t now_ms)
+                          const long long *late_ms, size_t n, int64_t now_ms)
 {
     uint64_t update = ++st->updates;
     for (size_t i = 0; i < n && i < st->nhbatch; i++) {
         struct model_sig *m = st->hbatch_models[i];
         double h = held[i] > 0 ? (double)held[i] : 0;
         double q = queued && queued[i] > 0 ? (double)queued[i] : 0;
-        if (h != m->held || q != m->queued)
+        /* Bounded like the metadata key (0..3600 s). */
+        int64_t late = late_ms && late_ms[i] >= 0
+                           ? (late_ms[i] > 3600000 ? 3600000 : (int64_t)late_ms[i])
+                           : -1;
+        if (h != m->held || q != m->queued || late != m->late_after_ms)
             m->changed_in = update;
         m->held = h;
         m->queued = q;
+        m->late_after_ms = late;
     }
     source_updated(st, SOURCE_REDIS_HELD, update, now_ms);
 }
@@ -751,8 +773,7 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
             case 6: v = t->decided ? t->pstate.utilisation : 0; break;
             case 7: {
                 struct policy_params p;
-                metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms,
-                           st->cfg.bursty_scale_down_window_ms, &p);
+                target_policy_params(st, t, &p);
                 v = policy_tokens_per_request(&p, &t->pstate);
                 break;
             }
@@ -873,8 +894,7 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
             /* The policy in force and what it has learned, so "why this
              * many replicas" can be answered without reading the metadata. */
             struct policy_params p;
-            metadata_policy_params(&t->spec, st->cfg.scale_down_window_ms,
-                           st->cfg.bursty_scale_down_window_ms, &p);
+            target_policy_params(st, t, &p);
             /* The utilisation target of the last decision (the bursty one
              * while the demand is bursty); before any, the configured one
              * (0 means none: all of the capacity). */
@@ -900,6 +920,13 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
                                     json_real(policy_tokens_per_request(&p, &t->pstate)));
                 json_object_set_new(pol, "tokensPerRequestEpisodes",
                                     json_integer(t->spec.policy_v1 ? 0 : t->pstate.nkappa));
+                /* The order the backlog is sent in, and who said so. */
+                json_object_set_new(pol, "lateAfterSeconds",
+                                    json_real((double)p.late_after_ms / 1000.0));
+                json_object_set_new(pol, "lateAfterFrom",
+                                    json_string(t->model->late_after_ms >= 0 && !t->spec.policy_v1
+                                                    ? "activators"
+                                                    : "scaledObject"));
                 json_object_set_new(o, "policy", pol);
             }
             json_array_append_new(arr, o);

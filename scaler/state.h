@@ -77,9 +77,11 @@ void scaler_state_queue_ok(struct scaler_state *st, const long long *lengths, si
 size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out);
 /* held[i]: requests held while nothing is ready; queued[i] (may be NULL):
  * requests waiting at activators' concurrency caps, added to the queue input
- * of every target of the model. */
+ * of every target of the model; late_ms[i] (may be NULL): the activators'
+ * lateAfterSeconds in ms for that queue (-1: none reported), which the
+ * model's v2 targets use instead of their metadata's while it is >= 0. */
 void scaler_state_held_ok(struct scaler_state *st, const long long *held, const long long *queued,
-                          size_t n, int64_t now_ms);
+                          const long long *late_ms, size_t n, int64_t now_ms);
 
 /* A wake message: the model counts as holding a request for wake_hold_ms.
  * Returns the number of targets of that model (0 when unknown). */

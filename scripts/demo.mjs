@@ -314,12 +314,12 @@ async function main() {
       models,
       // The policy's horizon: this stack's replica start (its weights load)
       // plus one KEDA poll, as an operator would measure and set it; and the
-      // replicas' batch size (vLLM's --max-num-seqs), for the level's headroom;
-      // and the activators' lateAfterSeconds.
+      // replicas' batch size (vLLM's --max-num-seqs), for the level's headroom.
+      // Not lateAfterSeconds: the activators publish theirs with their queue.
       metadata: {
         targetTokensPerSecond: opt.targetTokensPerSecond, targetQueueLength: 10,
         coldStartSeconds: opt.coldStartSeconds + opt.pollingInterval,
-        replicaConcurrency: opt.maxBatch, lateAfterSeconds: 1, ...opt.triggerMetadata,
+        replicaConcurrency: opt.maxBatch, ...opt.triggerMetadata,
       },
       pollingIntervalMs: opt.pollingInterval * 1000,
       cooldownMs: opt.cooldown * 1000,

@@ -113,7 +113,7 @@ test('per-endpoint concurrency cap: requests over the cap wait, none fail', asyn
   }
 });
 
-test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2), and HDEL once all are answered', async () => {
+test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2; with lateAfterSeconds 0:<ms>:2:<late-ms>), and HDEL once all are answered', async () => {
   const redis = await startRedis();
   // A slow backend: completions wait until the test opens the gate (or 10 s
   // pass, so a failed assertion cannot hang the test).
@@ -129,38 +129,49 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2), 
   });
   await new Promise((r) => srv.listen(0, '127.0.0.1', r));
   const port = srv.address().port;
+  // capq sends its queue FIFO; capl late-last after 2 s, which it publishes
+  // with the queue so that the scaler need not be told.
+  const models = [
+    { name: 'capq', value: /^0:\d+:2$/ },
+    { name: 'capl', value: /^0:\d+:2:2000$/, lateAfterSeconds: 2 },
+  ];
   const act = await startActivator({
-    models: [{ name: 'capq', backend: `http://127.0.0.1:${port}`, maxConcurrencyPerEndpoint: 1, ...fast }],
+    models: models.map(({ name, lateAfterSeconds }) => ({
+      name, backend: `http://127.0.0.1:${port}`, maxConcurrencyPerEndpoint: 1, ...fast,
+      ...(lateAfterSeconds ? { lateAfterSeconds } : {}),
+    })),
   }, { redisUrl: redis.url });
-  const field = () => redis.cli('HGET', 'thaw:held:capq', 'act-test');
   let rs = [];
   try {
-    // Make the model ready first: what waits below waits at the cap, not for a wake.
-    assert.equal((await complete(act.port, 'capq')).status, 200);
-    assert.equal((await act.model('capq')).state, 'ready');
-    await waitUntil(async () => (await redis.cli('HEXISTS', 'thaw:held:capq', 'act-test')) === '0', 3000,
-      { what: 'no field after the warm-up request' });
+    for (const { name: model, value } of models) {
+      const field = () => redis.cli('HGET', `thaw:held:${model}`, 'act-test');
+      // Make the model ready first: what waits below waits at the cap, not for a wake.
+      assert.equal((await complete(act.port, model)).status, 200);
+      assert.equal((await act.model(model)).state, 'ready');
+      await waitUntil(async () => (await redis.cli('HEXISTS', `thaw:held:${model}`, 'act-test')) === '0', 3000,
+        { what: `${model}: no field after the warm-up request` });
 
-    gateOpen = false;
-    rs = Array.from({ length: 3 }, (_, i) => complete(act.port, 'capq', { prompt: `q${i}` }));
-    await waitUntil(() => waiting.length === 1, 5000, { what: 'one request at the backend' });
-    await waitUntil(async () => (await act.model('capq')).held === 2, 5000, { what: 'two waiting at the cap' });
-    // The 1 s refresh writes the count of both (the first one went out at once, as 0:<ms>:1).
-    const v = await waitUntil(async () => {
-      const x = await field();
-      return /^0:\d+:2$/.test(x) ? x : null;
-    }, 3000, { what: 'thaw:held:capq = 0:<ms>:2' });
-    const ms = Number(v.split(':')[1]);
-    assert.ok(Math.abs(ms - Date.now()) < 5000, `fresh timestamp in ${v}`);
-    assert.equal(waiting.length, 1, 'the cap of 1 holds');
-    assert.equal((await act.model('capq')).state, 'ready');
+      gateOpen = false;
+      rs = Array.from({ length: 3 }, (_, i) => complete(act.port, model, { prompt: `q${i}` }));
+      await waitUntil(() => waiting.length === 1, 5000, { what: `${model}: one request at the backend` });
+      await waitUntil(async () => (await act.model(model)).held === 2, 5000, { what: `${model}: two waiting at the cap` });
+      // The 1 s refresh writes the count of both (the first one went out at once, as 0:<ms>:1).
+      const v = await waitUntil(async () => {
+        const x = await field();
+        return value.test(x) ? x : null;
+      }, 3000, { what: `thaw:held:${model} matching ${value}` });
+      const ms = Number(v.split(':')[1]);
+      assert.ok(Math.abs(ms - Date.now()) < 5000, `fresh timestamp in ${v}`);
+      assert.equal(waiting.length, 1, 'the cap of 1 holds');
+      assert.equal((await act.model(model)).state, 'ready');
 
-    gateOpen = true;
-    for (const res of waiting.splice(0)) answer(res);
-    for (const r of await Promise.all(rs)) assert.equal(r.status, 200, r.body.toString());
-    await waitUntil(async () => (await redis.cli('HEXISTS', 'thaw:held:capq', 'act-test')) === '0', 3000,
-      { what: 'HDEL once all three are answered' });
-    assert.equal(metricSum(await act.metrics(), 'thaw_activator_requests_total', { model: 'capq', outcome: 'ok' }), 4);
+      gateOpen = true;
+      for (const res of waiting.splice(0)) answer(res);
+      for (const r of await Promise.all(rs)) assert.equal(r.status, 200, r.body.toString());
+      await waitUntil(async () => (await redis.cli('HEXISTS', `thaw:held:${model}`, 'act-test')) === '0', 3000,
+        { what: `${model}: HDEL once all three are answered` });
+      assert.equal(metricSum(await act.metrics(), 'thaw_activator_requests_total', { model, outcome: 'ok' }), 4);
+    }
     await assertAccounted(act);
   } finally {
     // On a failure, let the requests end before the stop so the assertion is what gets reported.

@@ -157,6 +157,7 @@ test('/models: per target its inputs, staleness, decision and targets', async ()
   assert.deepEqual(e.policy, {
     name: 'v1', coldStartSeconds: 0, targetUtilisation: 1, bursty: false, panicking: false,
     scaleDownWindowSeconds: 0, keepWarmSeconds: 0, tokensPerRequest: 0, tokensPerRequestEpisodes: 0,
+    lateAfterSeconds: 0, lateAfterFrom: 'scaledObject',
   });
   const res = await scaler.get('/models');
   assert.match(res.headers.get('content-type'), /^application\/json/);

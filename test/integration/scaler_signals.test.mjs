@@ -253,6 +253,42 @@ test('requests queued at activators\' concurrency caps add to the queue, not to 
   await waitActive(client, ref, false, 5000);
 });
 
+test('activators publish lateAfterSeconds with their queue: policy v2 clears it by theirs, not the ScaledObject\'s', async () => {
+  // 40 queued at the caps, Q 10, 100 tokens/s per replica at 0.88, 256 tokens
+  // per request, a 10 s cold start. Sent late-last (the activators say 1 s),
+  // the 30 over Q are cleared over lateClearSeconds (300 s): 1 replica; sent
+  // FIFO, within a third of a cold start: ceil(30 x 256 / (88 x 3.3)) = 27.
+  const ref = scaledObjectRef('lt', {
+    model: 'lt', policy: 'v2', targetQueueLength: 10, targetTokensPerSecond: 100, coldStartSeconds: 10,
+    queueWindowSeconds: 1, lateAfterSeconds: 2,
+  });
+  await client.getMetricSpec(ref);
+  const write = (...fields) => redis.cli('HSET', 'thaw:held:lt', ...fields);
+  let last;
+  const policy = async () => (last = await scaler.model('lt')).policy;
+  try {
+    await write('a1', `0:${nowMs()}:25:1000`, 'a2', `0:${nowMs()}:15:1500`);
+    await waitUntil(async () => (await policy()).lateAfterFrom === 'activators', 3000, { what: 'from the activators' });
+    assert.equal(last.policy.lateAfterSeconds, 1, 'the smallest of 1 s and 1.5 s');
+    await write('a1', `0:${nowMs()}:25:1000`, 'a2', `0:${nowMs()}:15:1500`);
+    await waitUntil(async () => (await getDesired(client, ref)).value === 1, 3000, { what: 'cleared slowly: 1 replica' });
+    // One activator sends FIFO: the backlog behind it delays everything behind it.
+    await write('a1', `0:${nowMs()}:25:1000`, 'a2', `0:${nowMs()}:15`);
+    await waitUntil(async () => (await getDesired(client, ref)).value >= 20, 3000, { what: 'cleared fast: ~27 replicas' });
+    assert.equal((await policy()).lateAfterSeconds, 0);
+    assert.equal(last.policy.lateAfterFrom, 'activators');
+    // No queue reported: the ScaledObject's setting.
+    await redis.cli('DEL', 'thaw:held:lt');
+    await waitUntil(async () => (await policy()).lateAfterFrom === 'scaledObject', 3000, { what: 'back to the ScaledObject' });
+    assert.equal(last.policy.lateAfterSeconds, 2);
+  } catch (e) {
+    e.message += `; last ${JSON.stringify(last)}`;
+    throw e;
+  } finally {
+    await redis.cli('DEL', 'thaw:held:lt');
+  }
+});
+
 test('policy v2 panics on a new overload: the backlog counts after panicWindowSeconds, not queueWindowSeconds', async () => {
   // 40 jobs, Q 10, 100 tokens/s per replica at 0.88, 256 tokens per job, a
   // 10 s cold start: clearing the 30 over Q within 0.33 cold starts takes
@@ -313,6 +349,8 @@ test('policy v2 from the metadata: keep-warm lasts coldStartSeconds x keepWarmCo
     bursty: last.policy.bursty, panicking: false, scaleDownWindowSeconds: 0, keepWarmSeconds: 3,
     // no token rate in this test: the wake teaches nothing, the prior stands
     tokensPerRequest: 256, tokensPerRequestEpisodes: 0,
+    // no activator reports a queue: the ScaledObject's (unset) setting
+    lateAfterSeconds: 0, lateAfterFrom: 'scaledObject',
   });
   assert.equal((await scaler.model('kw-v1')).policy.name, 'v1');
   await waitActive(client, v2, false, 8000);

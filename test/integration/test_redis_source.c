@@ -274,6 +274,7 @@ struct result {
     size_t n;
     long long *vals;
     long long *queued; /* held batches: the queued counts */
+    long long *late;   /* held batches: the late settings */
     char err[256];
     /* Chaining test: start another queue batch from inside the callback. */
     struct redis_source *chain_src;
@@ -289,6 +290,7 @@ static void result_reset(struct result *r)
 {
     thaw_free(r->vals);
     thaw_free(r->queued);
+    thaw_free(r->late);
     memset(r, 0, sizeof(*r));
 }
 
@@ -332,19 +334,26 @@ static int queue(struct redis_source *src, const struct redis_queue_query *q, si
     return rc;
 }
 
-/* The held results as a queue result, plus a copy of the queued counts. */
+/* The held results as a queue result, plus copies of the queued counts and
+ * the late settings. */
 static void on_held_result(void *ud, int status, const long long *held, const long long *queued,
-                           size_t n, const char *err)
+                           const long long *late_ms, size_t n, const char *err)
 {
     struct result *r = ud;
     thaw_free(r->queued);
+    thaw_free(r->late);
     r->queued = NULL;
-    if (status == 0 && n > 0 && queued) {
+    r->late = NULL;
+    if (status == 0 && n > 0 && queued && late_ms) {
         r->queued = thaw_calloc(n, sizeof(*r->queued));
+        r->late = thaw_calloc(n, sizeof(*r->late));
         if (r->queued)
             memcpy(r->queued, queued, n * sizeof(*queued));
+        if (r->late)
+            memcpy(r->late, late_ms, n * sizeof(*late_ms));
     }
-    if ((status == 0 && (n > 0) != (queued != NULL)) || (status != 0 && queued != NULL)) {
+    if ((status == 0 && ((n > 0) != (queued != NULL) || (n > 0) != (late_ms != NULL))) ||
+        (status != 0 && (queued != NULL || late_ms != NULL))) {
         on_result(ud, status, held, n, err);
         r->status = -97; /* contract: queued present exactly when held is */
         return;
@@ -646,6 +655,11 @@ static void test_held(void)
     ok = ok && cmd(sc, "HSET thaw:held:m5 a 0:%" PRId64 ":4 b 2:%" PRId64 ":3 c 1:%" PRId64
                        ":9 d 1:%" PRId64 ":12345678901 e 0:%" PRId64 ":x",
                    now, now, now - 60000, now, now);
+    /* The activators' lateAfterSeconds with their queue: a fourth number. */
+    ok = ok && cmd(sc, "HSET thaw:held:m6 a 0:%" PRId64 ":4:1000 b 0:%" PRId64 ":3:500 c 1:%" PRId64
+                       " d 0:%" PRId64 ":2:1234567890 e 0:%" PRId64 ":0:100",
+                   now, now, now, now, now);
+    ok = ok && cmd(sc, "HSET thaw:held:m7 a 0:%" PRId64 ":4:1000 b 0:%" PRId64 ":2", now, now);
     ok = ok && cmd(sc, "HSET thaw:held:m3 x 9:%" PRId64, now - 31000) &&
          cmd(sc, "SET thaw:held:m4 5:%" PRId64, now);
     enum { BULK = 1200 };
@@ -661,7 +675,7 @@ static void test_held(void)
     CHECK(ok, "held setup failed");
 
     static char names[BULK][16];
-    static const char *models[5 + BULK];
+    static const char *models[7 + BULK];
     models[0] = "m1"; /* 3 + 4 + 2: stale, malformed, negative, 10-digit ignored */
     models[1] = "m2"; /* missing */
     models[2] = "m3"; /* only stale */
@@ -671,19 +685,29 @@ static void test_held(void)
         models[4 + i] = names[i];
     }
     models[4 + BULK] = "m5"; /* held 0 + 2, queued 4 + 3: stale, 10-digit, malformed ignored */
+    models[5 + BULK] = "m6"; /* queued 4 + 3, late min(1000, 500): no queue, 10-digit ignored */
+    models[6 + BULK] = "m7"; /* queued 4 + 2, late 0: one activator sends FIFO */
     struct redis_source_stats before, after;
     redis_source_get_stats(msrc, &before);
     struct result r = {0};
-    CHECK(held(msrc, models, 5 + BULK, now, fresh, &r) == 0, "not sent");
+    CHECK(held(msrc, models, 7 + BULK, now, fresh, &r) == 0, "not sent");
     CHECK(r.calls == 0, "callback inside the call");
     CHECK(wait_result(&r, 1, 5000), "no answer");
     redis_source_get_stats(msrc, &after);
-    CHECK(r.status == 0 && r.n == 5 + BULK && r.vals && r.queued, "status %d err %s", r.status,
-          r.err);
-    if (r.vals && r.queued && r.n == 5 + BULK) {
-        CHECK(r.vals[0] == 9 && r.queued[0] == 0, "m1 %lld %lld", r.vals[0], r.queued[0]);
-        CHECK(r.vals[4 + BULK] == 2 && r.queued[4 + BULK] == 7, "m5 held %lld queued %lld",
-              r.vals[4 + BULK], r.queued[4 + BULK]);
+    CHECK(r.status == 0 && r.n == 7 + BULK && r.vals && r.queued && r.late, "status %d err %s",
+          r.status, r.err);
+    if (r.vals && r.queued && r.late && r.n == 7 + BULK) {
+        CHECK(r.vals[0] == 9 && r.queued[0] == 0 && r.late[0] == -1, "m1 %lld %lld %lld",
+              r.vals[0], r.queued[0], r.late[0]);
+        CHECK(r.vals[4 + BULK] == 2 && r.queued[4 + BULK] == 7 && r.late[4 + BULK] == 0,
+              "m5 held %lld queued %lld late %lld", r.vals[4 + BULK], r.queued[4 + BULK],
+              r.late[4 + BULK]);
+        CHECK(r.vals[5 + BULK] == 1 && r.queued[5 + BULK] == 7 && r.late[5 + BULK] == 500,
+              "m6 held %lld queued %lld late %lld", r.vals[5 + BULK], r.queued[5 + BULK],
+              r.late[5 + BULK]);
+        CHECK(r.queued[6 + BULK] == 6 && r.late[6 + BULK] == 0, "m7 queued %lld late %lld",
+              r.queued[6 + BULK], r.late[6 + BULK]);
+        CHECK(r.late[1] == -1, "m2 late %lld", r.late[1]);
         CHECK(r.vals[1] == 0, "m2 %lld", r.vals[1]);
         CHECK(r.vals[2] == 0, "m3 %lld", r.vals[2]);
         CHECK(r.vals[3] == 0, "m4 %lld", r.vals[3]);

@@ -123,11 +123,11 @@ static void test_held_and_wake(void **unused)
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
     assert_string_equal(models[0], "m1");
     long long held = 4;
-    scaler_state_held_ok(st, &held, NULL, 1, 10);
+    scaler_state_held_ok(st, &held, NULL, NULL, 1, 10);
     assert_true(target_decision(t)->active);
     assert_int_equal(target_decision(t)->reason, POLICY_REASON_HELD);
     held = 0;
-    scaler_state_held_ok(st, &held, NULL, 1, 20);
+    scaler_state_held_ok(st, &held, NULL, NULL, 1, 20);
     assert_false(target_decision(t)->active);
 
     changes = 0;
@@ -135,7 +135,7 @@ static void test_held_and_wake(void **unused)
     assert_int_equal(changes, 1);
     assert_true(last_change.active);
     /* A held poll racing the wake does not flip it back... */
-    scaler_state_held_ok(st, &held, NULL, 1, 1100);
+    scaler_state_held_ok(st, &held, NULL, NULL, 1, 1100);
     assert_true(target_decision(t)->active);
     /* ...until the wake hold expires. */
     scaler_state_tick(st, 6001);
@@ -168,7 +168,7 @@ static void test_fail_safe_and_staleness(void **unused)
     struct prom_sample zero[] = {{"m1", 0}};
     scaler_state_prom_ok(st, zero, 1, 21000);
     long long held = 0;
-    scaler_state_held_ok(st, &held, NULL, 1, 21000);
+    scaler_state_held_ok(st, &held, NULL, NULL, 1, 21000);
     assert_int_equal(target_decision(t)->desired, 0);
     assert_false(target_beyond_staleness(st, t, 21001));
 
@@ -248,7 +248,7 @@ static void test_queued_at_cap_is_backlog(void **unused)
     const char *const *models;
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
     long long held = 0, queued = 25;
-    scaler_state_held_ok(st, &held, &queued, 1, 2);
+    scaler_state_held_ok(st, &held, &queued, NULL, 1, 2);
     /* v1: ceil((5 + 25) / 10) */
     assert_int_equal(target_decision(t)->desired, 3);
     assert_true(target_decision(t)->active);
@@ -270,10 +270,55 @@ static void test_queued_at_cap_is_backlog(void **unused)
 
     /* Gone from the activators: only the jobs are left. */
     queued = 0;
-    scaler_state_held_ok(st, &held, &queued, 1, 4);
+    scaler_state_held_ok(st, &held, &queued, NULL, 1, 4);
     assert_int_equal(target_decision(t)->desired, 1);
     metadata_spec_finish(&a);
     scaler_state_free(st);
+}
+
+/* While activators report a queue, the lateAfterSeconds they publish with it
+ * is the one the policy clears the backlog by (slowly when > 0), whatever the
+ * ScaledObject says; without a queue reported, the ScaledObject's applies. */
+static void test_activators_late_setting_wins(void **unused)
+{
+    const char *k[] = {"model", "coldStartSeconds", "surgeHoldSeconds", "trendWindowSeconds",
+                       "queueWindowSeconds", "lateAfterSeconds"};
+    const char *v[] = {"m1", "60", "0", "0", "1", "0"};
+    long long desired[2];
+    for (int run = 0; run < 2; run++) {
+        struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+        struct scaler_spec a;
+        char err[128];
+        assert_int_equal(metadata_parse(k, v, 6, &a, NULL, NULL, err, sizeof(err)), 0);
+        struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+        queues_empty(st, 1);
+        const char *const *models;
+        assert_int_equal(scaler_state_held_batch(st, &models), 1);
+        struct prom_sample s[] = {{"m1", 1000}};
+        long long held = 0, queued = 2000, late = run == 0 ? -1 : 1000;
+        for (int64_t now = 100; now <= 120100; now += 1000) {
+            scaler_state_prom_ok(st, s, 1, now);
+            scaler_state_held_ok(st, &held, &queued, &late, 1, now);
+            scaler_state_tick(st, now);
+        }
+        desired[run] = target_decision(t)->desired;
+        struct evbuffer *b;
+        const char *text = render(st, 120100, &b);
+        if (run == 0) {
+            assert_non_null(strstr(text, "\"lateAfterSeconds\":0"));
+            assert_non_null(strstr(text, "\"lateAfterFrom\":\"scaledObject\""));
+        } else {
+            assert_non_null(strstr(text, "\"lateAfterSeconds\":1"));
+            assert_non_null(strstr(text, "\"lateAfterFrom\":\"activators\""));
+        }
+        evbuffer_free(b);
+        metadata_spec_finish(&a);
+        scaler_state_free(st);
+    }
+    /* FIFO: the 1 990 requests over Q are cleared within a third of a cold
+     * start; sent late-last, within lateClearSeconds (300 s). */
+    assert_int_equal(desired[0], 31); /* 2 + 1990 x 256 / (880 x 20) */
+    assert_int_equal(desired[1], 4);  /* 2 + 1990 x 256 / (880 x 300) */
 }
 
 /* The spec's policy (v2 by default, knobs from the metadata) is what decides:
@@ -291,7 +336,7 @@ static void test_policy_v2_reaches_the_decision(void **unused)
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
     queues_empty(st, 1);
     long long held = 0;
-    scaler_state_held_ok(st, &held, NULL, 1, 1);
+    scaler_state_held_ok(st, &held, NULL, NULL, 1, 1);
     struct prom_sample s[] = {{"m1", 3000}};
     scaler_state_prom_ok(st, s, 1, 100);
     /* ceil(3000 / (1000 x 0.88)) = 4, where v1 says 3 */
@@ -332,7 +377,7 @@ static void held_round(struct scaler_state *st, long long held, long long queued
 {
     const char *const *models;
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
-    scaler_state_held_ok(st, &held, &queued, 1, now);
+    scaler_state_held_ok(st, &held, &queued, NULL, 1, now);
     scaler_state_tick(st, now); /* the scaler's 1 s tick decides every target */
 }
 
@@ -399,6 +444,7 @@ int main(void)
         cmocka_unit_test(test_targets_share_signals),
         cmocka_unit_test(test_held_and_wake),
         cmocka_unit_test(test_queued_at_cap_is_backlog),
+        cmocka_unit_test(test_activators_late_setting_wins),
         cmocka_unit_test(test_fail_safe_and_staleness),
         cmocka_unit_test(test_spec_change_and_gc),
         cmocka_unit_test(test_out_of_memory_never_crashes),
