@@ -351,16 +351,15 @@ int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t
         return send_cmd(l, 3, argv);
     }
     /* Two parts when nothing is queued, so scalers that know only
-     * <count>:<unix-ms> still read cold holds; the fourth (the order a
-     * serving backlog is sent in) only with a queue it applies to. */
+     * <count>:<unix-ms> still read cold holds. With a queue, the fourth part
+     * says the order it is sent in (0: FIFO), so the scaler can tell this
+     * activator's FIFO from an older activator that does not say. */
     char val[96];
     if (queued == 0)
         snprintf(val, sizeof(val), "%zu:%lld", held, (long long)unix_ms);
-    else if (late_after_ms <= 0)
-        snprintf(val, sizeof(val), "%zu:%lld:%zu", held, (long long)unix_ms, queued);
     else
         snprintf(val, sizeof(val), "%zu:%lld:%zu:%lld", held, (long long)unix_ms, queued,
-                 (long long)late_after_ms);
+                 (long long)(late_after_ms > 0 ? late_after_ms : 0));
     const char *argv[] = {"HSET", key, l->instance_id, val};
     return send_cmd(l, 4, argv);
 }

@@ -2,7 +2,7 @@
  * libevent.
  *
  *   PUBLISH thaw:wake <model>                          on the first held request
- *   HSET thaw:held:<model> <instance-id> <held>:<unix-ms>[:<queued>[:<late-ms>]]
+ *   HSET thaw:held:<model> <instance-id> <held>:<unix-ms>[:<queued>:<late-ms>]
  *                                                      every second while the hold queue is
  *                                                      not empty
  *   HDEL thaw:held:<model> <instance-id>               when the hold queue is empty
@@ -12,9 +12,10 @@
  * ready, because every endpoint is at its concurrency cap (a serving
  * backlog). The :<queued> part is there only when queued > 0, so the value of
  * a cold hold keeps the two-part form older scalers parse. :<late-ms> is the
- * model's lateAfterSeconds in ms, there only with queued > 0 and a late
- * order on (> 0): the scaler clears such a backlog over lateClearSeconds
- * without the ScaledObject repeating the setting.
+ * model's lateAfterSeconds in ms (0: FIFO), there whenever :<queued> is: the
+ * scaler clears a late-last backlog over lateClearSeconds without the
+ * ScaledObject repeating the setting. (Scalers older than this part ignore
+ * such values: upgrade thaw-scaler first.)
  *
  * The link connects in the background and reconnects by itself with a capped
  * backoff. hiredis 0.14 has no async timeouts, so the link keeps its own: a
@@ -55,8 +56,8 @@ bool redis_link_up(const struct redis_link *l);
 int redis_link_wake(struct redis_link *l, const char *model);
 
 /* HSET (held or queued > 0) or HDEL (both 0) of this instance's field in
- * thaw:held:<model>; the value is <held>:<unix_ms>, plus :<queued> when
- * queued > 0, plus :<late_after_ms> when also late_after_ms > 0. Returns 0
+ * thaw:held:<model>; the value is <held>:<unix_ms>, plus
+ * :<queued>:<late_after_ms> (0 when <= 0: FIFO) when queued > 0. Returns 0
  * if sent, -1 if the link is down. */
 int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t queued,
                     int64_t late_after_ms, int64_t unix_ms);

@@ -90,6 +90,7 @@ void policy_state_init(struct policy_state *st)
         st->queue_slot[i] = NO_SLOT;
     st->idle_since_ms = NO_TIME;
     st->bursty_seen_ms = NO_TIME;
+    st->level_floor_ms = NO_TIME;
     st->wake_release_ms = NO_TIME;
     st->backlog_seen_ms = NO_TIME;
     st->last_call_ms = NO_TIME;
@@ -832,13 +833,24 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
     /* A lull in bursty demand is followed by the next burst: scaling down
      * into it costs a cold start. Steady demand that falls has fallen:
      * holding its old level only burns GPU-seconds. The bursty verdict is
-     * held for one burst window so the window does not flap with it. */
+     * held for one burst window so the window does not flap with it. What
+     * the steady window has let go stays gone when the longer one returns:
+     * a fall of 10x itself reads as bursty a few minutes later, and must
+     * not bring back the level from before it. */
     int64_t down_span = p->scale_down_window_ms;
     if (p->bursty_scale_down_window_ms > down_span)
         down_span = p->bursty_scale_down_window_ms;
     bool recently_bursty = st->bursty_seen_ms != NO_TIME &&
                            now_ms - st->bursty_seen_ms <= POLICY_BURST_WINDOW_MS;
-    st->down_window_ms = recently_bursty ? down_span : p->scale_down_window_ms;
+    if (!recently_bursty && (st->level_floor_ms == NO_TIME ||
+                             now_ms - p->scale_down_window_ms > st->level_floor_ms))
+        st->level_floor_ms = now_ms - p->scale_down_window_ms;
+    st->down_window_ms = p->scale_down_window_ms;
+    if (recently_bursty) {
+        st->down_window_ms = down_span;
+        if (st->level_floor_ms != NO_TIME && now_ms - st->level_floor_ms < down_span)
+            st->down_window_ms = now_ms - st->level_floor_ms;
+    }
     long held_level = window_max(&st->level, down_span, st->down_window_ms, now_ms, level);
     long held_surge = window_max(&st->surge, p->surge_hold_ms, p->surge_hold_ms, now_ms,
                                  surge > wake ? surge : wake);

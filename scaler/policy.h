@@ -20,7 +20,8 @@
  *              scale_down_window_ms, or over bursty_scale_down_window_ms
  *              if longer while the demand is bursty or was within the last
  *              5 minutes (bursty demand returns after a lull; steady demand
- *              that falls has fallen)
+ *              that falls has fallen), never reaching back past what the
+ *              steady window already let go
  *   surge    = ceil(L + B / Q) and the wake term, held at their max
  *              over surge_hold_ms (a backlog is transient: no long hold)
  *   wake term (nothing ready, h requests held, growing at lambda lately):
@@ -227,6 +228,8 @@ struct policy_state {
     long idle_replicas;          /* replicas when the model last went idle */
     bool bursty;                 /* the last decision used bursty_utilisation */
     int64_t bursty_seen_ms;      /* last decision that found the demand bursty */
+    int64_t level_floor_ms;      /* level history before this was let go by the steady
+                                  * window: the bursty one does not reach back past it */
     int64_t down_window_ms;      /* the scale-down window the last decision used */
     double utilisation;          /* the utilisation target of the last decision */
 };

@@ -91,9 +91,12 @@ static const char rs_queue_script[] =
  * "<held>:<unix-ms>", "<held>:<unix-ms>:<queued>" or
  * "<held>:<unix-ms>:<queued>:<late-ms>" (held: nothing ready; queued:
  * waiting at the activator's concurrency cap; late-ms: its lateAfterSeconds
- * in ms); the digit limits keep the sums exact in Lua's doubles. Three
- * numbers per key: the held sum, the queued sum, and the smallest late-ms
- * of the fields with a queue (none: 0, FIFO; no such field: -1). Fresh is
+ * in ms, 0: FIFO); the digit limits keep the sums exact in Lua's doubles,
+ * the length limit (a valid value is under 48 bytes) keeps a garbage value
+ * from costing the pattern's backtracking. Three numbers per key: the held
+ * sum, the queued sum, and the smallest late-ms of the fields with a queue
+ * that say one (-1: none says; a three-part field is an activator older
+ * than the setting). Fresh is
  * two-sided: a stamp from more than fresh_ms in the future (an activator
  * whose clock runs ahead, or garbage) must not hold a model up forever. */
 static const char rs_held_script[] =
@@ -105,14 +108,16 @@ static const char rs_held_script[] =
     "  if redis.call('TYPE', key)['ok'] == 'hash' then\n"
     "    local kv = redis.call('HGETALL', key)\n"
     "    for j = 2, #kv, 2 do\n"
-    "      local c, ts, q, l = string.match(kv[j], '^(%d+):(%d+):?(%d*):?(%d*)$')\n"
+    "      local c, ts, q, l\n"
+    "      if #kv[j] <= 64 then\n"
+    "        c, ts, q, l = string.match(kv[j], '^(%d+):(%d+):?(%d*):?(%d*)$')\n"
+    "      end\n"
     "      if c and #c <= 9 and #ts <= 15 and #q <= 9 and #l <= 9\n"
     "         and tonumber(ts) >= now - fresh and tonumber(ts) <= now + fresh then\n"
     "        held = held + tonumber(c)\n"
     "        if #q > 0 and tonumber(q) > 0 then\n"
     "          queued = queued + tonumber(q)\n"
-    "          local f = #l > 0 and tonumber(l) or 0\n"
-    "          if late < 0 or f < late then late = f end\n"
+    "          if #l > 0 and (late < 0 or tonumber(l) < late) then late = tonumber(l) end\n"
     "        end\n"
     "      end\n"
     "    end\n"
@@ -597,8 +602,11 @@ static void rs_on_batch_reply(redisAsyncContext *ac, void *r, void *priv)
             b->vals[lo + j] = h->type == REDIS_REPLY_INTEGER && h->integer > 0 ? h->integer : 0;
             b->vals[b->n + lo + j] =
                 q->type == REDIS_REPLY_INTEGER && q->integer > 0 ? q->integer : 0;
+            /* Nine digits at most, as the script parses them. */
             b->vals[2 * b->n + lo + j] =
-                l->type == REDIS_REPLY_INTEGER && l->integer >= 0 ? l->integer : -1;
+                l->type == REDIS_REPLY_INTEGER && l->integer >= 0 && l->integer <= 999999999
+                    ? l->integer
+                    : -1;
         }
     } else {
         rs_batch_record_error(b, "unexpected reply to the script");

@@ -113,7 +113,7 @@ test('per-endpoint concurrency cap: requests over the cap wait, none fail', asyn
   }
 });
 
-test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2; with lateAfterSeconds 0:<ms>:2:<late-ms>), and HDEL once all are answered', async () => {
+test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2:<late-ms>, 0 for FIFO), and HDEL once all are answered', async () => {
   const redis = await startRedis();
   // A slow backend: completions wait until the test opens the gate (or 10 s
   // pass, so a failed assertion cannot hang the test).
@@ -129,10 +129,10 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2; w
   });
   await new Promise((r) => srv.listen(0, '127.0.0.1', r));
   const port = srv.address().port;
-  // capq sends its queue FIFO; capl late-last after 2 s, which it publishes
-  // with the queue so that the scaler need not be told.
+  // capq sends its queue FIFO (late-ms 0); capl late-last after 2 s. Both
+  // say so with the queue, so that the scaler need not be told.
   const models = [
-    { name: 'capq', value: /^0:\d+:2$/ },
+    { name: 'capq', value: /^0:\d+:2:0$/ },
     { name: 'capl', value: /^0:\d+:2:2000$/, lateAfterSeconds: 2 },
   ];
   const act = await startActivator({
@@ -155,7 +155,7 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2; w
       rs = Array.from({ length: 3 }, (_, i) => complete(act.port, model, { prompt: `q${i}` }));
       await waitUntil(() => waiting.length === 1, 5000, { what: `${model}: one request at the backend` });
       await waitUntil(async () => (await act.model(model)).held === 2, 5000, { what: `${model}: two waiting at the cap` });
-      // The 1 s refresh writes the count of both (the first one went out at once, as 0:<ms>:1).
+      // The 1 s refresh writes the count of both (the first one went out at once, as 0:<ms>:1:<late-ms>).
       const v = await waitUntil(async () => {
         const x = await field();
         return value.test(x) ? x : null;

@@ -272,8 +272,13 @@ test('activators publish lateAfterSeconds with their queue: policy v2 clears it 
     assert.equal(last.policy.lateAfterSeconds, 1, 'the smallest of 1 s and 1.5 s');
     await write('a1', `0:${nowMs()}:25:1000`, 'a2', `0:${nowMs()}:15:1500`);
     await waitUntil(async () => (await getDesired(client, ref)).value === 1, 3000, { what: 'cleared slowly: 1 replica' });
-    // One activator sends FIFO: the backlog behind it delays everything behind it.
+    // An activator older than the setting (three parts) does not say: a1's stands.
     await write('a1', `0:${nowMs()}:25:1000`, 'a2', `0:${nowMs()}:15`);
+    await waitUntil(async () => (await policy()).lateAfterSeconds === 1 && last.inputs.queuedRequests === 40, 3000,
+      { what: 'a1\'s 1 s, 40 queued' });
+    assert.equal(last.policy.lateAfterFrom, 'activators');
+    // One activator says FIFO: its backlog delays everything behind it.
+    await write('a1', `0:${nowMs()}:25:1000`, 'a2', `0:${nowMs()}:15:0`);
     await waitUntil(async () => (await getDesired(client, ref)).value >= 20, 3000, { what: 'cleared fast: ~27 replicas' });
     assert.equal((await policy()).lateAfterSeconds, 0);
     assert.equal(last.policy.lateAfterFrom, 'activators');

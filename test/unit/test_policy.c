@@ -419,16 +419,45 @@ static void test_bursty_demand_holds_its_level_longer(void **unused)
     assert_true(st.bursty);
     assert_int_equal(st.down_window_ms, 200000);
 
-    /* burst_cv 0 (never bursty): the steady window only. */
+    /* burst_cv 0 (never bursty): the steady window only, so 200 tokens/s
+     * after the same bursts is met with 2 replicas 35 s after the last one,
+     * where the bursty window (above) still held 12. */
     q = p;
     q.burst_cv = 0;
     policy_state_init(&st);
-    for (t = 0; t <= 425; t++)
+    for (t = 0; t <= 439; t++)
         d = run(&q, &st, (t / 20) % 2 ? 1200 : 0, 0, 0, (int64_t)t * 1000);
     assert_int_equal(st.down_window_ms, 30000);
-    for (; t <= 455; t++)
-        d = run(&q, &st, 0, 0, 0, (int64_t)t * 1000);
-    assert_int_equal(d.desired, 0); /* the lull scales down */
+    for (; t <= 474; t++)
+        d = run(&q, &st, 200, 0, 0, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 2);
+}
+
+/* A fall of 10x in steady demand is let go after the steady window; when
+ * the 5-minute history, half before and half after the fall, later reads as
+ * bursty, the longer window must not bring the old level back. */
+static void test_a_fall_let_go_stays_gone(void **unused)
+{
+    struct policy_params p = v2();
+    p.burst_cv = 1;
+    p.bursty_utilisation = 1;
+    p.scale_down_window_ms = 30000;
+    p.bursty_scale_down_window_ms = 240000;
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = {0};
+    int t = 0;
+    for (; t <= 600; t++)
+        d = run(&p, &st, 2000, 0, 0, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 20);
+    bool went_bursty = false;
+    for (; t <= 900; t++) {
+        d = run(&p, &st, 200, 0, 0, (int64_t)t * 1000);
+        went_bursty = went_bursty || st.bursty;
+        if (t >= 640) /* past the steady window and a bucket */
+            assert_int_equal(d.desired, 2);
+    }
+    assert_true(went_bursty); /* the mix of 2000 and 200 did read as bursty */
 }
 
 static void test_forecast_follows_a_trend(void **unused)
@@ -1155,6 +1184,7 @@ int main(void)
         cmocka_unit_test(test_square_root_staffing_when_the_batch_is_known),
         cmocka_unit_test(test_bursty_demand_uses_its_own_utilisation),
         cmocka_unit_test(test_bursty_demand_holds_its_level_longer),
+        cmocka_unit_test(test_a_fall_let_go_stays_gone),
         cmocka_unit_test(test_forecast_follows_a_trend),
         cmocka_unit_test(test_forecast_ignores_noise),
         cmocka_unit_test(test_demand_by_conservation),

@@ -278,14 +278,28 @@ static void test_queued_at_cap_is_backlog(void **unused)
 
 /* While activators report a queue, the lateAfterSeconds they publish with it
  * is the one the policy clears the backlog by (slowly when > 0), whatever the
- * ScaledObject says; without a queue reported, the ScaledObject's applies. */
+ * ScaledObject says; while none says one, the ScaledObject's applies. */
 static void test_activators_late_setting_wins(void **unused)
 {
-    const char *k[] = {"model", "coldStartSeconds", "surgeHoldSeconds", "trendWindowSeconds",
-                       "queueWindowSeconds", "lateAfterSeconds"};
-    const char *v[] = {"m1", "60", "0", "0", "1", "0"};
-    long long desired[2];
-    for (int run = 0; run < 2; run++) {
+    static const struct {
+        const char *metadata; /* the ScaledObject's lateAfterSeconds */
+        long long published;  /* the activators' (ms; -1: none says) */
+        long desired;
+        const char *late, *from;
+    } runs[] = {
+        /* FIFO activators, whatever the ScaledObject says: the 1 990 requests
+         * over Q cleared within a third of a cold start, 2 + 1990 x 256 /
+         * (880 x 20) */
+        {"1", 0, 31, "\"lateAfterSeconds\":0", "\"lateAfterFrom\":\"activators\""},
+        /* late-last activators: over lateClearSeconds, 2 + 1990 x 256 / (880 x 300) */
+        {"0", 1000, 4, "\"lateAfterSeconds\":1", "\"lateAfterFrom\":\"activators\""},
+        /* none says: the ScaledObject's */
+        {"1", -1, 4, "\"lateAfterSeconds\":1", "\"lateAfterFrom\":\"scaledObject\""},
+    };
+    for (size_t run = 0; run < sizeof(runs) / sizeof(runs[0]); run++) {
+        const char *k[] = {"model", "coldStartSeconds", "surgeHoldSeconds", "trendWindowSeconds",
+                           "queueWindowSeconds", "lateAfterSeconds"};
+        const char *v[] = {"m1", "60", "0", "0", "1", runs[run].metadata};
         struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
         struct scaler_spec a;
         char err[128];
@@ -295,30 +309,21 @@ static void test_activators_late_setting_wins(void **unused)
         const char *const *models;
         assert_int_equal(scaler_state_held_batch(st, &models), 1);
         struct prom_sample s[] = {{"m1", 1000}};
-        long long held = 0, queued = 2000, late = run == 0 ? -1 : 1000;
+        long long held = 0, queued = 2000, late = runs[run].published;
         for (int64_t now = 100; now <= 120100; now += 1000) {
             scaler_state_prom_ok(st, s, 1, now);
             scaler_state_held_ok(st, &held, &queued, &late, 1, now);
             scaler_state_tick(st, now);
         }
-        desired[run] = target_decision(t)->desired;
+        assert_int_equal(target_decision(t)->desired, runs[run].desired);
         struct evbuffer *b;
         const char *text = render(st, 120100, &b);
-        if (run == 0) {
-            assert_non_null(strstr(text, "\"lateAfterSeconds\":0"));
-            assert_non_null(strstr(text, "\"lateAfterFrom\":\"scaledObject\""));
-        } else {
-            assert_non_null(strstr(text, "\"lateAfterSeconds\":1"));
-            assert_non_null(strstr(text, "\"lateAfterFrom\":\"activators\""));
-        }
+        assert_non_null(strstr(text, runs[run].late));
+        assert_non_null(strstr(text, runs[run].from));
         evbuffer_free(b);
         metadata_spec_finish(&a);
         scaler_state_free(st);
     }
-    /* FIFO: the 1 990 requests over Q are cleared within a third of a cold
-     * start; sent late-last, within lateClearSeconds (300 s). */
-    assert_int_equal(desired[0], 31); /* 2 + 1990 x 256 / (880 x 20) */
-    assert_int_equal(desired[1], 4);  /* 2 + 1990 x 256 / (880 x 300) */
 }
 
 /* The spec's policy (v2 by default, knobs from the metadata) is what decides:
