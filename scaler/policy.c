@@ -118,13 +118,13 @@ static long ceil_replicas(double x)
     return (long)r;
 }
 
-/* The window is cut into equal buckets holding the max raw value seen in
- * them: bounded memory and O(buckets) per decision whatever the call rate.
- * A bucket is counted while any part of it is inside the window, so the
- * stabilization errs on the side of keeping replicas up to one bucket longer. */
-/* Records raw and returns the maximum over the last window_ms. The buckets
- * are sized by span_ms, the longest window the caller ever asks of w, so a
- * shorter window reads the same record. */
+/* Records raw and returns the maximum over the last window_ms. The record is
+ * cut into equal buckets holding the max raw value seen in them: bounded
+ * memory and O(buckets) per decision whatever the call rate. They are sized
+ * by span_ms, the longest window the caller ever asks of w, so a shorter
+ * window reads the same record. A bucket is counted while any part of it is
+ * inside the window, so the stabilization errs on the side of keeping
+ * replicas up to one bucket (span_ms / 32) longer. */
 static long window_max(struct policy_window *w, int64_t span_ms, int64_t window_ms,
                        int64_t now_ms, long raw)
 {

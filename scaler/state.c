@@ -27,8 +27,9 @@ struct model_sig {
     double held;
     double queued; /* waiting at activators' concurrency caps (replicas ready) */
     /* The activators' lateAfterSeconds (ms) for that queue, as they publish
-     * it: the smallest among those with a queue, 0 if one sends FIFO; -1
-     * while none has a queue (the ScaledObject's setting applies). */
+     * it: the smallest said among those with a queue (0: one sends FIFO);
+     * -1 while none says one, no queue or only activators older than the
+     * setting (the ScaledObject's setting applies). */
     int64_t late_after_ms;
     uint64_t changed_in; /* the source update that last changed an input */
     double prev_rate;    /* before the Prometheus answer being applied */
