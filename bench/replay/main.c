@@ -191,7 +191,7 @@ static int apply_thaw_overrides(const char *spec, struct sim_config *sc, char *e
         else if (strcmp(kv, "hpa_up_pods") == 0)
             sc->keda.hpa_up_pods = v;
         else if (strcmp(kv, "late_after_s") == 0) {
-            /* The activators' lateAfterSeconds, and the ScaledObject's. */
+            /* The activators' lateAfterSeconds, as they publish it to the policy. */
             if (sc->kind == SIM_THAW || sc->kind == SIM_THAW_V1)
                 sc->late_after_s = v;
             p->late_after_ms = (int64_t)(v * 1000);

@@ -71,8 +71,8 @@ void sim_config_defaults(struct sim_config *c, enum sim_kind kind)
         c->keda.cooldown_s = 0;
         c->keda.polling_s = 10;
         /* thaw's activators send late requests last (the example config's
-         * lateAfterSeconds 1 s, half the warm objective), and the example
-         * ScaledObject tells the policy so. */
+         * lateAfterSeconds 1 s, half the warm objective), and publish it
+         * to the scaler with their queue. */
         c->late_after_s = 1;
         if (kind == SIM_THAW)
             c->thaw.late_after_ms = 1000;

@@ -226,6 +226,13 @@ static struct policy_params v2(void)
     return p;
 }
 
+/* Bursty demand for the tests: 0 and 1200 tokens/s alternating every 20 s
+ * (mean 600, cv 1). */
+static double burst_rate(int t)
+{
+    return (t / 20) % 2 ? 1200 : 0;
+}
+
 static void test_utilisation_target(void **unused)
 {
     struct policy_params p = v2();
@@ -313,7 +320,7 @@ static void test_bursty_demand_uses_its_own_utilisation(void **unused)
      * 600, cv 1). */
     for (int t = 0; t <= 425; t++) {
         int64_t now = (int64_t)t * 1000;
-        double r = (t / 20) % 2 ? 1200 : 0;
+        double r = burst_rate(t);
         ds = run(&p, &steady, 400, 0, 0, now);
         db = run(&p, &bursty, r, 0, 0, now);
         doff = run(&q, &off, r, 0, 0, now);
@@ -340,7 +347,7 @@ static void test_bursty_demand_uses_its_own_utilisation(void **unused)
     policy_state_init(&bursty);
     for (int t = 0; t <= 425; t++) {
         int64_t now = (int64_t)t * 1000;
-        double r = (t / 20) % 2 ? 1200 : 0;
+        double r = burst_rate(t);
         ds = run(&s16, &steady, 400, 0, 0, now);
         db = run(&s16, &bursty, r, 0, 0, now);
     }
@@ -366,7 +373,7 @@ static void test_bursty_demand_holds_its_level_longer(void **unused)
     /* 0 / 1200 tokens/s alternating every 20 s (cv 1): bursty. */
     int t = 0;
     for (; t <= 439; t++)
-        d = run(&p, &st, (t / 20) % 2 ? 1200 : 0, 0, 0, (int64_t)t * 1000);
+        d = run(&p, &st, burst_rate(t), 0, 0, (int64_t)t * 1000);
     assert_true(st.bursty);
     assert_int_equal(st.down_window_ms, 120000);
     assert_int_equal(d.desired, 12);
@@ -415,7 +422,7 @@ static void test_bursty_demand_holds_its_level_longer(void **unused)
     q.scale_down_window_ms = 200000;
     policy_state_init(&st);
     for (t = 0; t <= 425; t++)
-        d = run(&q, &st, (t / 20) % 2 ? 1200 : 0, 0, 0, (int64_t)t * 1000);
+        d = run(&q, &st, burst_rate(t), 0, 0, (int64_t)t * 1000);
     assert_true(st.bursty);
     assert_int_equal(st.down_window_ms, 200000);
 
@@ -426,7 +433,7 @@ static void test_bursty_demand_holds_its_level_longer(void **unused)
     q.burst_cv = 0;
     policy_state_init(&st);
     for (t = 0; t <= 439; t++)
-        d = run(&q, &st, (t / 20) % 2 ? 1200 : 0, 0, 0, (int64_t)t * 1000);
+        d = run(&q, &st, burst_rate(t), 0, 0, (int64_t)t * 1000);
     assert_int_equal(st.down_window_ms, 30000);
     for (; t <= 474; t++)
         d = run(&q, &st, 200, 0, 0, (int64_t)t * 1000);
@@ -1040,7 +1047,7 @@ static void test_no_panic_while_bursty(void **unused)
     policy_state_init(&s);
     /* Five minutes of 0 / 1200 tokens/s alternating every 20 s (cv 1). */
     for (int t = 0; t <= 425; t++) {
-        double r = (t / 20) % 2 ? 1200 : 0;
+        double r = burst_rate(t);
         run(&p, &b, r, 0, 0, (int64_t)t * 1000);
         run(&steady, &s, r, 0, 0, (int64_t)t * 1000);
     }
