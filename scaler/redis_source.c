@@ -91,9 +91,12 @@ static const char rs_queue_script[] =
  * "<held>:<unix-ms>", "<held>:<unix-ms>:<queued>" or
  * "<held>:<unix-ms>:<queued>:<late-ms>" (held: nothing ready; queued:
  * waiting at the activator's concurrency cap; late-ms: its lateAfterSeconds
- * in ms, 0: FIFO); the digit limits keep the sums exact in Lua's doubles,
- * the length limit (a valid value is under 48 bytes) keeps a garbage value
- * from costing the pattern's backtracking. Three numbers per key: the held
+ * in ms, 0: FIFO), and any parts after the fourth ignored: activators may
+ * append parts without waiting for every scaler to know them (the order of
+ * upgrades then does not matter). The digit limits keep the sums exact in
+ * Lua's doubles; the pattern cannot fail after its first two numbers (the
+ * rest is taken as it comes and judged after), so it costs linear time, and
+ * the length limit bounds even that for garbage. Three numbers per key: the held
  * sum, the queued sum, and the smallest late-ms of the fields with a queue
  * that say one (-1: none says; a three-part field is an activator older
  * than the setting). Fresh is
@@ -108,11 +111,12 @@ static const char rs_held_script[] =
     "  if redis.call('TYPE', key)['ok'] == 'hash' then\n"
     "    local kv = redis.call('HGETALL', key)\n"
     "    for j = 2, #kv, 2 do\n"
-    "      local c, ts, q, l\n"
-    "      if #kv[j] <= 64 then\n"
-    "        c, ts, q, l = string.match(kv[j], '^(%d+):(%d+):?(%d*):?(%d*)$')\n"
+    "      local c, ts, q, l, rest\n"
+    "      if #kv[j] <= 256 then\n"
+    "        c, ts, q, l, rest = string.match(kv[j], '^(%d+):(%d+):?(%d*):?(%d*)(.*)$')\n"
     "      end\n"
-    "      if c and #c <= 9 and #ts <= 15 and #q <= 9 and #l <= 9\n"
+    "      if c and (#rest == 0 or (#l > 0 and string.byte(rest) == 58))\n"
+    "         and #c <= 9 and #ts <= 15 and #q <= 9 and #l <= 9\n"
     "         and tonumber(ts) >= now - fresh and tonumber(ts) <= now + fresh then\n"
     "        held = held + tonumber(c)\n"
     "        if #q > 0 and tonumber(q) > 0 then\n"

@@ -91,10 +91,11 @@ int redis_source_queue_lengths(struct redis_source *src, const struct redis_queu
  * the smallest lateAfterSeconds (ms; 0: FIFO) said by the fields with such a
  * queue, -1 when none says one (no queue, or only activators older than the
  * setting, whose values have three parts) (field values "<held>:<unix-ms>",
- * "<held>:<unix-ms>:<queued>" or "<held>:<unix-ms>:<queued>:<late-ms>";
- * fields that fail to parse, longer than 64 bytes or with a number over 9
- * digits are ignored; a missing key or one that is not a hash counts 0). Same status, copying and calling rules as above; on failure the
- * three arrays are NULL. */
+ * "<held>:<unix-ms>:<queued>" or "<held>:<unix-ms>:<queued>:<late-ms>",
+ * any ":<part>" after the fourth skipped; fields that fail to parse, longer
+ * than 256 bytes or with a number over 9 digits are ignored; a missing key or
+ * one that is not a hash counts 0). Same status, copying and calling rules as
+ * above; on failure the three arrays are NULL. */
 typedef void (*redis_held_cb)(void *ud, int status, const long long *held,
                               const long long *queued, const long long *late_ms, size_t n,
                               const char *err);

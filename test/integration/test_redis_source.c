@@ -661,6 +661,14 @@ static void test_held(void)
                    now, now, now, now, now);
     ok = ok && cmd(sc, "HSET thaw:held:m7 a 0:%" PRId64 ":4:1000 b 0:%" PRId64 ":2", now, now);
     ok = ok && cmd(sc, "HSET thaw:held:m8 a 0:%" PRId64 ":3:0 b 0:%" PRId64 ":1:2000", now, now);
+    /* Parts after the fourth (a later activator's) are skipped, not the
+     * field; trailing garbage still makes a field unreadable. */
+    static char longer[160];
+    memset(longer, '7', sizeof(longer) - 1);
+    ok = ok && cmd(sc, "HSET thaw:held:m9 a 0:%" PRId64 ":5:300:77 b 0:%" PRId64
+                       ":2:400:1:beta c 0:%" PRId64 ":8:100x d 0:%" PRId64 ":16:xyz"
+                       " e 0:%" PRId64 ":1:200:%s",
+                   now, now, now, now, now, longer);
     ok = ok && cmd(sc, "HSET thaw:held:m3 x 9:%" PRId64, now - 31000) &&
          cmd(sc, "SET thaw:held:m4 5:%" PRId64, now);
     enum { BULK = 1200 };
@@ -676,7 +684,7 @@ static void test_held(void)
     CHECK(ok, "held setup failed");
 
     static char names[BULK][16];
-    static const char *models[8 + BULK];
+    static const char *models[9 + BULK];
     models[0] = "m1"; /* 3 + 4 + 2: stale, malformed, negative, 10-digit ignored */
     models[1] = "m2"; /* missing */
     models[2] = "m3"; /* only stale */
@@ -689,16 +697,17 @@ static void test_held(void)
     models[5 + BULK] = "m6"; /* queued 4 + 3, late min(1000, 500): no queue, 10-digit ignored */
     models[6 + BULK] = "m7"; /* queued 4 + 2, late 1000: a three-part field does not say */
     models[7 + BULK] = "m8"; /* queued 3 + 1, late 0: one activator says FIFO */
+    models[8 + BULK] = "m9"; /* queued 5 + 2 + 1, late 200: later parts skipped, garbage not */
     struct redis_source_stats before, after;
     redis_source_get_stats(msrc, &before);
     struct result r = {0};
-    CHECK(held(msrc, models, 8 + BULK, now, fresh, &r) == 0, "not sent");
+    CHECK(held(msrc, models, 9 + BULK, now, fresh, &r) == 0, "not sent");
     CHECK(r.calls == 0, "callback inside the call");
     CHECK(wait_result(&r, 1, 5000), "no answer");
     redis_source_get_stats(msrc, &after);
-    CHECK(r.status == 0 && r.n == 8 + BULK && r.vals && r.queued && r.late, "status %d err %s",
+    CHECK(r.status == 0 && r.n == 9 + BULK && r.vals && r.queued && r.late, "status %d err %s",
           r.status, r.err);
-    if (r.vals && r.queued && r.late && r.n == 8 + BULK) {
+    if (r.vals && r.queued && r.late && r.n == 9 + BULK) {
         CHECK(r.vals[0] == 9 && r.queued[0] == 0 && r.late[0] == -1, "m1 %lld %lld %lld",
               r.vals[0], r.queued[0], r.late[0]);
         CHECK(r.vals[4 + BULK] == 2 && r.queued[4 + BULK] == 7 && r.late[4 + BULK] == -1,
@@ -711,6 +720,8 @@ static void test_held(void)
               r.queued[6 + BULK], r.late[6 + BULK]);
         CHECK(r.queued[7 + BULK] == 4 && r.late[7 + BULK] == 0, "m8 queued %lld late %lld",
               r.queued[7 + BULK], r.late[7 + BULK]);
+        CHECK(r.queued[8 + BULK] == 8 && r.late[8 + BULK] == 200, "m9 queued %lld late %lld",
+              r.queued[8 + BULK], r.late[8 + BULK]);
         CHECK(r.late[1] == -1, "m2 late %lld", r.late[1]);
         CHECK(r.vals[1] == 0, "m2 %lld", r.vals[1]);
         CHECK(r.vals[2] == 0, "m3 %lld", r.vals[2]);
