@@ -31,6 +31,7 @@ struct redis_link {
     void *ud;
 
     redisAsyncContext *ac;
+    struct redis_guard_conn guard; /* ac's reply rules: commands sent, replies due */
     bool connected;
     bool freeing;        /* inside our own redisAsyncFree: ignore callbacks */
     int64_t connect_started_ms;
@@ -194,6 +195,7 @@ static int send_cmd(struct redis_link *l, int argc, const char **argv)
         l->stats.failures++;
         return -1;
     }
+    redis_guard_conn_sent(&l->guard, 1);
     if (l->pending == 0)
         l->oldest_pending_ms = clock_mono_ms();
     l->pending++;
@@ -215,8 +217,10 @@ static void do_connect(struct redis_link *l)
         schedule_retry(l);
         return;
     }
-    /* A huge array header from Redis must not cost GBs (common/redis_guard.h). */
-    if (redis_guard_install(ac->c.reader) != 0) {
+    /* A huge array header or a reply no command asked for (hiredis would
+     * abort) must not cost GBs or the process (common/redis_guard.h). */
+    redis_guard_conn_init(&l->guard);
+    if (redis_guard_attach(ac->c.reader, &l->guard) != 0) {
         redisAsyncFree(ac);
         schedule_retry(l);
         return;
@@ -237,6 +241,7 @@ static void do_connect(struct redis_link *l)
     if (l->pass[0]) {
         const char *argv[] = {"AUTH", l->pass};
         if (redisAsyncCommandArgv(ac, on_reply, l, 2, argv, NULL) == REDIS_OK) {
+            redis_guard_conn_sent(&l->guard, 1);
             l->pending++;
             l->oldest_pending_ms = clock_mono_ms();
         }
@@ -246,6 +251,7 @@ static void do_connect(struct redis_link *l)
         snprintf(db, sizeof(db), "%d", l->db);
         const char *argv[] = {"SELECT", db};
         if (redisAsyncCommandArgv(ac, on_reply, l, 2, argv, NULL) == REDIS_OK) {
+            redis_guard_conn_sent(&l->guard, 1);
             if (l->pending++ == 0)
                 l->oldest_pending_ms = clock_mono_ms();
         }

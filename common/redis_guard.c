@@ -1,6 +1,7 @@
 #include "redis_guard.h"
 
 #include <stddef.h>
+#include <strings.h>
 
 #include <hiredis/hiredis.h>
 
@@ -11,8 +12,84 @@
 static const redisReplyObjectFunctions *guard_base;
 static redisReplyObjectFunctions guard_fns;
 
+static bool refuse(struct redis_guard_conn *g, const char *reason, int type, int idx)
+{
+    g->refused++;
+    LOG_WARN("redis_reply_refused", "reason=%s type=%d index=%d awaited=%lu pubsub=%s", reason,
+             type, idx, g->awaited, g->pubsub ? "true" : "false");
+    return false; /* hiredis fails the reader: "Out of memory", then a disconnect */
+}
+
+static bool is_unsubscribe(const char *str, size_t len)
+{
+    return (len == 11 && strncasecmp(str, "unsubscribe", 11) == 0) ||
+           (len == 12 && strncasecmp(str, "punsubscribe", 12) == 0);
+}
+
+/* The connection rules (redis_guard.h) for an object about to be made: type
+ * is the reply type, str/len a string's bytes, elements an array's size. The
+ * connection is the root task's privdata (hiredis copies the reader's there);
+ * none attached: every object is admitted. */
+static bool admit(const redisReadTask *task, int type, const char *str, size_t len, int elements)
+{
+    const redisReadTask *root = task;
+    while (root->parent)
+        root = root->parent;
+    struct redis_guard_conn *g = root->privdata;
+    if (!g)
+        return true;
+    if (task == root) {
+        g->unsubscribe = false;
+        /* In pub/sub mode hiredis takes every array for a pub/sub message. */
+        if (g->pubsub && type == REDIS_REPLY_ARRAY)
+            return elements >= 2 || refuse(g, "pubsub_message_short", type, -1);
+        if (g->awaited > 0) {
+            g->awaited--;
+            return true;
+        }
+        return type == REDIS_REPLY_ERROR || refuse(g, "unsolicited_reply", type, -1);
+    }
+    if (!g->pubsub || task->parent != root || root->type != REDIS_REPLY_ARRAY)
+        return true;
+    if (task->idx == 0 || task->idx == 1) {
+        if (type != REDIS_REPLY_STRING)
+            return refuse(g, "pubsub_field_not_string", type, task->idx);
+        if (task->idx == 0 && is_unsubscribe(str, len)) {
+            g->unsubscribe = true;
+            if (root->elements < 3)
+                return refuse(g, "unsubscribe_without_count", type, task->idx);
+        }
+    } else if (task->idx == 2 && g->unsubscribe && type != REDIS_REPLY_INTEGER) {
+        return refuse(g, "unsubscribe_without_count", type, task->idx);
+    }
+    return true;
+}
+
+static void *guard_create_string(const redisReadTask *task, char *str, size_t len)
+{
+    if (!admit(task, task->type, str, len, 0))
+        return NULL;
+    return guard_base->createString(task, str, len);
+}
+
+static void *guard_create_integer(const redisReadTask *task, long long value)
+{
+    if (!admit(task, REDIS_REPLY_INTEGER, NULL, 0, 0))
+        return NULL;
+    return guard_base->createInteger(task, value);
+}
+
+static void *guard_create_nil(const redisReadTask *task)
+{
+    if (!admit(task, REDIS_REPLY_NIL, NULL, 0, 0))
+        return NULL;
+    return guard_base->createNil(task);
+}
+
 static void *guard_create_array(const redisReadTask *task, int elements)
 {
+    if (!admit(task, REDIS_REPLY_ARRAY, NULL, 0, elements))
+        return NULL;
     if (elements == 0)
         return guard_base->createArray(task, elements);
     const redisReadTask *root = task;
@@ -59,8 +136,13 @@ int redis_guard_install(redisReader *reader)
         redisReaderFree(probe);
         if (!base || !base->createArray)
             return -1;
+        if (!base->createString || !base->createInteger || !base->createNil)
+            return -1;
         guard_fns = *base;
         guard_fns.createArray = guard_create_array;
+        guard_fns.createString = guard_create_string;
+        guard_fns.createInteger = guard_create_integer;
+        guard_fns.createNil = guard_create_nil;
         guard_base = base;
     }
     /* Another table may build objects that are not redisReply. */
@@ -68,4 +150,32 @@ int redis_guard_install(redisReader *reader)
         return -1;
     reader->fn = &guard_fns;
     return 0;
+}
+
+void redis_guard_conn_init(struct redis_guard_conn *g)
+{
+    g->awaited = 0;
+    g->pubsub = false;
+    g->unsubscribe = false;
+    g->refused = 0;
+}
+
+int redis_guard_attach(redisReader *reader, struct redis_guard_conn *g)
+{
+    if (!reader || !g || (reader->privdata && reader->privdata != g))
+        return -1;
+    if (redis_guard_install(reader) != 0)
+        return -1;
+    reader->privdata = g;
+    return 0;
+}
+
+void redis_guard_conn_sent(struct redis_guard_conn *g, unsigned n)
+{
+    g->awaited += n;
+}
+
+void redis_guard_conn_pubsub(struct redis_guard_conn *g)
+{
+    g->pubsub = true;
 }

@@ -13,10 +13,27 @@
  * by hiredis for arrays): there it reads as the elements declared in the
  * whole reply.
  *
- * Not covered: hiredis's assert()s on out-of-protocol replies, and bulk
- * strings, which hiredis only builds once all their bytes have arrived. */
+ * With a redis_guard_conn attached (redis_guard_attach), the guard also
+ * refuses the out-of-protocol replies on which hiredis 0.14's async code
+ * assert()s, i.e. aborts the process (async.c redisProcessCallbacks and
+ * __redisGetSubscribeCallback):
+ *  - a reply no command is waiting for, on a connection not in pub/sub mode
+ *    (an error reply excepted: hiredis disconnects on it by itself). The
+ *    owner says each command it sends (redis_guard_conn_sent); a reply past
+ *    them is refused. In pub/sub mode the same holds for non-array replies
+ *    (hiredis would hand one to the callback of the reply before it);
+ *  - in pub/sub mode (redis_guard_conn_pubsub, from sending SUBSCRIBE on), an
+ *    array that is not a pub/sub message: fewer than 2 elements, a first or
+ *    second element that is not a bulk string, or an (p)unsubscribe message
+ *    without an integer third element.
+ * Refusals are logged (redis_reply_refused, with the reason) and counted.
+ *
+ * Not covered: bulk strings, which hiredis only builds once all their bytes
+ * have arrived. */
 #ifndef THAW_REDIS_GUARD_H
 #define THAW_REDIS_GUARD_H
+
+#include <stdbool.h>
 
 #include <hiredis/read.h>
 
@@ -32,5 +49,26 @@
  * unchanged) if reader is NULL, uses other functions, or hiredis could not
  * allocate the probe reader the defaults are read from (first call only). */
 int redis_guard_install(redisReader *reader);
+
+/* One connection's reply rules. It lives inside the owner's connection
+ * struct (no allocation to fail) and must outlive the reader it is attached
+ * to; the fields are the guard's. */
+struct redis_guard_conn {
+    unsigned long awaited; /* commands sent whose reply has not begun */
+    bool pubsub;           /* SUBSCRIBE sent: pub/sub messages need no command */
+    bool unsubscribe;      /* the array being read is an (p)unsubscribe message */
+    unsigned long refused; /* replies refused, all reasons */
+};
+
+/* Zeroes g: no command sent, not in pub/sub mode. */
+void redis_guard_conn_init(struct redis_guard_conn *g);
+/* Installs the guard on reader (as redis_guard_install) with g's rules.
+ * Returns 0, or -1 (reader unchanged) where redis_guard_install fails or the
+ * reader's privdata, which carries g to the guard, is already in use. */
+int redis_guard_attach(redisReader *reader, struct redis_guard_conn *g);
+/* The owner sent n commands (call after hiredis accepted them). */
+void redis_guard_conn_sent(struct redis_guard_conn *g, unsigned n);
+/* The owner sent SUBSCRIBE: from now on pub/sub messages arrive unasked. */
+void redis_guard_conn_pubsub(struct redis_guard_conn *g);
 
 #endif

@@ -146,6 +146,7 @@ struct rs_conn {
     enum rs_conn_kind kind;
     enum rs_conn_state state;
     redisAsyncContext *ac;      /* live context (ac->data == this), or NULL */
+    struct redis_guard_conn guard; /* ac's reply rules: commands sent, pub/sub mode */
     redisAsyncContext *reap_ac; /* detached context, freed by reap_ev */
     struct event *retry_ev;     /* backoff before the next connect */
     struct event *deadline_ev;  /* connect + handshake must finish in time */
@@ -557,6 +558,7 @@ static int rs_send_chunk(struct rs_batch *b, size_t chunk, bool eval)
     thaw_free(lens);
     if (rc != REDIS_OK)
         return -1;
+    redis_guard_conn_sent(&src->cmd.guard, 1);
     src->stats.commands++;
     return 0;
 }
@@ -882,6 +884,14 @@ static void rs_on_sub_msg(redisAsyncContext *ac, void *r, void *priv)
     rs_leave(src);
 }
 
+/* rc of a command handed to hiredis: if accepted, its reply is due. */
+static int rs_sent(struct rs_conn *c, int rc)
+{
+    if (rc == REDIS_OK)
+        redis_guard_conn_sent(&c->guard, 1);
+    return rc;
+}
+
 static int rs_send_auth(struct rs_conn *c, redisCallbackFn *fn)
 {
     struct redis_source *src = c->src;
@@ -890,12 +900,17 @@ static int rs_send_auth(struct rs_conn *c, redisCallbackFn *fn)
     if (src->user)
         argv[argc++] = src->user;
     argv[argc++] = src->password;
-    return redisAsyncCommandArgv(c->ac, fn, (void *)(uintptr_t)RS_HS_AUTH, argc, argv, NULL);
+    return rs_sent(c, redisAsyncCommandArgv(c->ac, fn, (void *)(uintptr_t)RS_HS_AUTH, argc,
+                                            argv, NULL));
 }
 
 static int rs_send_subscribe(struct rs_conn *c)
 {
-    return redisAsyncCommand(c->ac, rs_on_sub_msg, NULL, "SUBSCRIBE %s", RS_WAKE_CHANNEL);
+    int rc = redisAsyncCommand(c->ac, rs_on_sub_msg, NULL, "SUBSCRIBE %s", RS_WAKE_CHANNEL);
+    /* hiredis is in pub/sub mode from the send on; so is the guard. */
+    if (rc == REDIS_OK)
+        redis_guard_conn_pubsub(&c->guard);
+    return rc;
 }
 
 static void rs_on_hs_reply(redisAsyncContext *ac, void *r, void *priv)
@@ -947,15 +962,15 @@ static int rs_send_handshake(struct rs_conn *c)
         c->hs_pending++;
     }
     if (src->db != 0) {
-        if (redisAsyncCommand(c->ac, rs_on_hs_reply, (void *)(uintptr_t)RS_HS_SELECT,
-                              "SELECT %ld", src->db) != REDIS_OK)
+        if (rs_sent(c, redisAsyncCommand(c->ac, rs_on_hs_reply, (void *)(uintptr_t)RS_HS_SELECT,
+                                         "SELECT %ld", src->db)) != REDIS_OK)
             return REDIS_ERR;
         c->hs_pending++;
     }
     const enum rs_hs_step steps[RS_BATCH_KINDS] = {RS_HS_LOAD_QUEUE, RS_HS_LOAD_HELD};
     for (int k = 0; k < RS_BATCH_KINDS; k++) {
-        if (redisAsyncCommand(c->ac, rs_on_hs_reply, (void *)(uintptr_t)steps[k],
-                              "SCRIPT LOAD %s", rs_scripts[k]) != REDIS_OK)
+        if (rs_sent(c, redisAsyncCommand(c->ac, rs_on_hs_reply, (void *)(uintptr_t)steps[k],
+                                         "SCRIPT LOAD %s", rs_scripts[k])) != REDIS_OK)
             return REDIS_ERR;
         c->hs_pending++;
     }
@@ -1017,7 +1032,10 @@ static void rs_conn_start(struct rs_conn *c)
             redisAsyncFree(ac);
         goto fail;
     }
-    if (redis_guard_install(ac->c.reader) != 0) { /* a huge array header must not cost GBs */
+    /* A huge array header or a reply hiredis would abort on must not cost GBs
+     * or the process (common/redis_guard.h). */
+    redis_guard_conn_init(&c->guard);
+    if (redis_guard_attach(ac->c.reader, &c->guard) != 0) {
         redisAsyncFree(ac);
         set_err(why, sizeof why, "reply guard could not be installed");
         goto fail;

@@ -14,13 +14,14 @@
  * records run out the fake server closes it, as a Redis that died; when the
  * run goes quiet it closes everything.
  *
- * hiredis 0.14 assert()s on some replies no Redis sends (a second reply to
- * one command; a pub/sub reply that is not an array of >= 2 strings; an
- * unsubscribe reply). The harness keeps those out (first reply of a record
- * only, malformed pub/sub replies dropped), so that fuzzing reaches Thaw's
- * code; THAW_FUZZ_REDIS_RAW=1 sends the records unfiltered, to show them.
- * Huge array headers need no skipping: the source's reader is guarded
- * (common/redis_guard.c) and so is the harness's own (first_reply).
+ * Records are sent as they are: hiredis 0.14 assert()s on some replies no
+ * Redis sends (a reply no command asked for; a pub/sub reply that is not an
+ * array of >= 2 strings; an unsubscribe without its count), and the source's
+ * reply guard (common/redis_guard.c) must refuse those first, as it refuses
+ * huge array headers (regressions/redis_source/unsolicited_replies and
+ * pubsub_*). THAW_FUZZ_REDIS_FILTER=1 keeps them out instead (first reply of
+ * a record only, malformed pub/sub replies dropped), to fuzz what lies past
+ * the guard.
  * Checks: results have the promised shape, decisions stay in range. Then
  * again with an allocation failing. */
 #include <errno.h>
@@ -102,8 +103,8 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     (void)argc;
     (void)argv;
     fuzz_quiet_logs();
-    const char *raw = getenv("THAW_FUZZ_REDIS_RAW");
-    raw_mode = raw && strcmp(raw, "1") == 0;
+    const char *filter = getenv("THAW_FUZZ_REDIS_FILTER");
+    raw_mode = !(filter && strcmp(filter, "1") == 0);
     return 0;
 }
 

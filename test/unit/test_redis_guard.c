@@ -1,7 +1,10 @@
 /* redis_guard: a guarded hiredis reader refuses array headers past the
- * per-reply element budget at once, and still parses every normal reply. */
+ * per-reply element budget at once, and still parses every normal reply;
+ * with a connection attached it refuses the replies hiredis 0.14's async
+ * code would abort on. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -230,6 +233,152 @@ static void test_install_rules(void **unused)
     redisFree(c);
 }
 
+/* Feeds s to a reader carrying g and returns how many whole replies came
+ * out before the stream ended (*failed: the reader failed, as a refusal
+ * makes it, "Out of memory"). */
+static int replies_until_refused(redisReader *rd, const char *s, bool *failed)
+{
+    feed(rd, s);
+    int n = 0;
+    *failed = false;
+    for (;;) {
+        void *reply = NULL;
+        if (redisReaderGetReply(rd, &reply) != REDIS_OK) {
+            *failed = true;
+            assert_int_equal(rd->err, REDIS_ERR_OOM);
+            return n;
+        }
+        if (!reply)
+            return n;
+        freeReplyObject(reply);
+        n++;
+    }
+}
+
+static redisReader *conn_reader(struct redis_guard_conn *g)
+{
+    redis_guard_conn_init(g);
+    redisReader *rd = redisReaderCreate();
+    assert_non_null(rd);
+    assert_int_equal(redis_guard_attach(rd, g), 0);
+    return rd;
+}
+
+/* A reply past the commands sent is refused (hiredis 0.14 would abort on
+ * it); an error reply is not (hiredis disconnects on it by itself). */
+static void test_conn_unsolicited(void **unused)
+{
+    (void)unused;
+    struct capture cap = {{0}, 0};
+    log_set_sink(capture_sink, &cap);
+    struct redis_guard_conn g;
+    redisReader *rd = conn_reader(&g);
+    bool failed;
+    redis_guard_conn_sent(&g, 2);
+    assert_int_equal(replies_until_refused(rd, "+OK\r\n*2\r\n:1\r\n$-1\r\n", &failed), 2);
+    assert_false(failed);
+    assert_int_equal(replies_until_refused(rd, "-ERR max clients\r\n", &failed), 1);
+    assert_false(failed);
+    assert_int_equal(replies_until_refused(rd, ":7\r\n", &failed), 0);
+    assert_true(failed);
+    assert_int_equal(g.refused, 1);
+    assert_non_null(strstr(cap.text, "reason=unsolicited_reply"));
+    redisReaderFree(rd);
+
+    /* Each kind of reply counts, nil and arrays included. */
+    const char *const kinds[] = {"+OK\r\n", "$3\r\nabc\r\n", ":1\r\n", "$-1\r\n",
+                                 "*-1\r\n", "*0\r\n", "*1\r\n:1\r\n"};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++) {
+        rd = conn_reader(&g);
+        redis_guard_conn_sent(&g, 1);
+        char twice[64];
+        snprintf(twice, sizeof twice, "%s%s", kinds[i], kinds[i]);
+        assert_int_equal(replies_until_refused(rd, twice, &failed), 1);
+        assert_true(failed);
+        redisReaderFree(rd);
+    }
+    log_set_sink(NULL, NULL);
+}
+
+/* In pub/sub mode arrays are messages, needing no command, and must have
+ * the shape hiredis 0.14 asserts; anything else still needs a command. */
+static void test_conn_pubsub(void **unused)
+{
+    (void)unused;
+    struct capture cap = {{0}, 0};
+    log_set_sink(capture_sink, &cap);
+    struct redis_guard_conn g;
+    bool failed;
+    redisReader *rd = conn_reader(&g);
+    redis_guard_conn_sent(&g, 1); /* AUTH */
+    redis_guard_conn_pubsub(&g);  /* SUBSCRIBE */
+    assert_int_equal(replies_until_refused(rd,
+                                           "+OK\r\n*3\r\n$9\r\nsubscribe\r\n$9\r\nthaw:wake\r\n:1\r\n"
+                                           "*3\r\n$7\r\nmessage\r\n$9\r\nthaw:wake\r\n$1\r\nm\r\n"
+                                           "*4\r\n$8\r\npmessage\r\n$1\r\n*\r\n$1\r\nc\r\n$1\r\nm\r\n"
+                                           "*2\r\n$4\r\npong\r\n$0\r\n\r\n"
+                                           "*3\r\n$11\r\nUNSUBSCRIBE\r\n$1\r\nc\r\n:0\r\n",
+                                           &failed),
+                     6);
+    assert_false(failed);
+    assert_int_equal(g.refused, 0);
+    redisReaderFree(rd);
+
+    static const struct {
+        const char *stream, *reason;
+    } bad[] = {
+        {"*1\r\n$7\r\nmessage\r\n", "pubsub_message_short"},
+        {"*0\r\n", "pubsub_message_short"},
+        {"*3\r\n:1\r\n$1\r\nc\r\n$1\r\nm\r\n", "pubsub_field_not_string"},
+        {"*3\r\n$7\r\nmessage\r\n$-1\r\n$1\r\nm\r\n", "pubsub_field_not_string"},
+        {"*3\r\n+message\r\n$1\r\nc\r\n$1\r\nm\r\n", "pubsub_field_not_string"},
+        {"*3\r\n$7\r\nmessage\r\n*1\r\n:1\r\n$1\r\nm\r\n", "pubsub_field_not_string"},
+        {"*2\r\n$11\r\nunsubscribe\r\n$1\r\nc\r\n", "unsubscribe_without_count"},
+        {"*3\r\n$12\r\npunsubscribe\r\n$1\r\nc\r\n$1\r\n0\r\n", "unsubscribe_without_count"},
+        {"+OK\r\n", "unsolicited_reply"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        cap.len = 0;
+        cap.text[0] = '\0';
+        rd = conn_reader(&g);
+        redis_guard_conn_pubsub(&g);
+        assert_int_equal(replies_until_refused(rd, bad[i].stream, &failed), 0);
+        assert_true(failed);
+        assert_int_equal(g.refused, 1);
+        assert_non_null(strstr(cap.text, bad[i].reason));
+        redisReaderFree(rd);
+    }
+    log_set_sink(NULL, NULL);
+}
+
+/* Without a connection attached only the element bound applies; a reader
+ * whose privdata is someone else's is not attached. */
+static void test_conn_attach_rules(void **unused)
+{
+    (void)unused;
+    redisReader *rd = guarded_reader();
+    bool failed;
+    assert_int_equal(replies_until_refused(rd, "+OK\r\n+OK\r\n", &failed), 2);
+    assert_false(failed);
+    redisReaderFree(rd);
+
+    struct redis_guard_conn g, other;
+    redis_guard_conn_init(&g);
+    redis_guard_conn_init(&other);
+    assert_int_equal(redis_guard_attach(NULL, &g), -1);
+    rd = redisReaderCreate();
+    assert_non_null(rd);
+    assert_int_equal(redis_guard_attach(rd, NULL), -1);
+    rd->privdata = &other;
+    assert_int_equal(redis_guard_attach(rd, &g), -1);
+    assert_ptr_equal(rd->privdata, &other);
+    rd->privdata = NULL;
+    assert_int_equal(redis_guard_attach(rd, &g), 0);
+    assert_int_equal(redis_guard_attach(rd, &g), 0); /* twice: unchanged */
+    assert_ptr_equal(rd->privdata, &g);
+    redisReaderFree(rd);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -238,6 +387,9 @@ int main(void)
         cmocka_unit_test(test_bound_counts_nested_arrays),
         cmocka_unit_test(test_normal_replies_parse),
         cmocka_unit_test(test_install_rules),
+        cmocka_unit_test(test_conn_unsolicited),
+        cmocka_unit_test(test_conn_pubsub),
+        cmocka_unit_test(test_conn_attach_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
