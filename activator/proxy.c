@@ -25,6 +25,7 @@
 #include "http1.h"
 #include "log.h"
 #include "model_sm.h"
+#include "redis_guard.h"
 #include "redis_link.h"
 #include "route.h"
 
@@ -2647,6 +2648,11 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
     expo_family(out, "thaw_activator_redis_failures_total", "counter",
                 "Redis commands that failed or were never answered.");
     expo_sample(out, "thaw_activator_redis_failures_total", NULL, (double)rs.failures);
+    expo_family(out, "thaw_activator_redis_replies_refused_total", "counter",
+                "Redis replies refused by the reply guard (no command asked for them, or over 1M "
+                "array elements); each dropped the connection.");
+    expo_sample(out, "thaw_activator_redis_replies_refused_total", NULL,
+                (double)redis_guard_refused_total());
 }
 
 json_t *proxy_models_json(struct proxy *px)

@@ -11,10 +11,12 @@
  * a probe reader. Thaw runs one thread per process, so a lazy init is safe. */
 static const redisReplyObjectFunctions *guard_base;
 static redisReplyObjectFunctions guard_fns;
+static unsigned long refused_total; /* every refusal in this process */
 
 static bool refuse(struct redis_guard_conn *g, const char *reason, int type, int idx)
 {
     g->refused++;
+    refused_total++;
     LOG_WARN("redis_reply_refused", "reason=%s type=%d index=%d awaited=%lu pubsub=%s", reason,
              type, idx, g->awaited, g->pubsub ? "true" : "false");
     return false; /* hiredis fails the reader: "Out of memory", then a disconnect */
@@ -108,8 +110,9 @@ static void *guard_create_array(const redisReadTask *task, int elements)
      * negative count would turn into a huge size_t in the reply: refused too. */
     if (elements < 0 || declared > REDIS_GUARD_MAX_ELEMENTS ||
         (size_t)elements > REDIS_GUARD_MAX_ELEMENTS - declared) {
-        LOG_WARN("redis_reply_refused", "elements=%d declared=%zu depth=%d limit=%d", elements,
-                 declared, depth, REDIS_GUARD_MAX_ELEMENTS);
+        refused_total++;
+        LOG_WARN("redis_reply_refused", "reason=too_many_elements elements=%d declared=%zu depth=%d limit=%d",
+                 elements, declared, depth, REDIS_GUARD_MAX_ELEMENTS);
         return NULL; /* hiredis fails the reader: "Out of memory" */
     }
     redisReply *r = guard_base->createArray(task, elements);
@@ -178,4 +181,9 @@ void redis_guard_conn_sent(struct redis_guard_conn *g, unsigned n)
 void redis_guard_conn_pubsub(struct redis_guard_conn *g)
 {
     g->pubsub = true;
+}
+
+unsigned long redis_guard_refused_total(void)
+{
+    return refused_total;
 }

@@ -70,5 +70,8 @@ int redis_guard_attach(redisReader *reader, struct redis_guard_conn *g);
 void redis_guard_conn_sent(struct redis_guard_conn *g, unsigned n);
 /* The owner sent SUBSCRIBE: from now on pub/sub messages arrive unasked. */
 void redis_guard_conn_pubsub(struct redis_guard_conn *g);
+/* Replies refused by any guarded reader of this process, for every reason
+ * (each one failed its connection). */
+unsigned long redis_guard_refused_total(void);
 
 #endif

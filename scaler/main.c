@@ -23,6 +23,7 @@
 #include "log.h"
 #include "options.h"
 #include "prom_source.h"
+#include "redis_guard.h"
 #include "redis_source.h"
 #include "service.h"
 #include "state.h"
@@ -288,6 +289,11 @@ static void http_metrics(struct evhttp_request *req, void *arg)
     expo_sample(out, "thaw_scaler_redis_commands_total", NULL, (double)rs.commands);
     expo_family(out, "thaw_scaler_redis_reconnects_total", "counter", "Redis reconnections.");
     expo_sample(out, "thaw_scaler_redis_reconnects_total", NULL, (double)rs.reconnects);
+    expo_family(out, "thaw_scaler_redis_replies_refused_total", "counter",
+                "Redis replies refused by the reply guard (no command asked for them, a malformed "
+                "pub/sub message, or over 1M array elements); each dropped its connection.");
+    expo_sample(out, "thaw_scaler_redis_replies_refused_total", NULL,
+                (double)redis_guard_refused_total());
     expo_family(out, "thaw_scaler_prometheus_query_duration_seconds", "gauge",
                 "Duration of the last token-rate query.");
     expo_sample(out, "thaw_scaler_prometheus_query_duration_seconds", NULL,

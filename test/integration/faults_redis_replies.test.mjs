@@ -13,7 +13,7 @@ import { after, test } from 'node:test';
 import { metricSum, request, startActivator } from './activator_lib.mjs';
 import { assert, sleep } from './faults_lib.mjs';
 import { freePort, startPrometheus, waitUntil } from './lib/harness.mjs';
-import { startScaler } from './lib/scaler_env.mjs';
+import { sampleValue, startScaler } from './lib/scaler_env.mjs';
 
 const started = [];
 after(async () => {
@@ -113,6 +113,8 @@ test('thaw-activator: a reply no command asked for is refused, not an abort; it 
   assert.equal(act.proc.exitCode, null, `activator exited; output:\n${act.proc.output().slice(-2000)}`);
   const health = await request(act.adminPort, { path: '/healthz' });
   assert.equal(health.status, 200, 'the activator keeps serving while Redis misbehaves');
+  assert.ok(metricSum(await act.metrics(), 'thaw_activator_redis_replies_refused_total') >= 2,
+    'refusals counted');
 
   fake.hostile = false;
   for (const s of fake.sockets) s.destroy(); // the next connection is a well-behaved one
@@ -136,6 +138,8 @@ test('thaw-scaler: an unasked reply and a malformed pub/sub message are refused;
   assert.ok(fake.accepts >= 4, `both connections reopened after refusals (${fake.accepts} accepts)`);
   const health = await scaler.get('/healthz');
   assert.equal(health.status, 200, 'the scaler keeps serving while Redis misbehaves');
+  assert.ok(sampleValue(await scaler.metrics(), 'thaw_scaler_redis_replies_refused_total') >= 2,
+    'refusals counted');
 
   const mark = scaler.proc.mark();
   fake.hostile = false;

@@ -274,6 +274,7 @@ static void test_conn_unsolicited(void **unused)
     struct redis_guard_conn g;
     redisReader *rd = conn_reader(&g);
     bool failed;
+    unsigned long total_before = redis_guard_refused_total();
     redis_guard_conn_sent(&g, 2);
     assert_int_equal(replies_until_refused(rd, "+OK\r\n*2\r\n:1\r\n$-1\r\n", &failed), 2);
     assert_false(failed);
@@ -282,6 +283,7 @@ static void test_conn_unsolicited(void **unused)
     assert_int_equal(replies_until_refused(rd, ":7\r\n", &failed), 0);
     assert_true(failed);
     assert_int_equal(g.refused, 1);
+    assert_int_equal(redis_guard_refused_total(), total_before + 1);
     assert_non_null(strstr(cap.text, "reason=unsolicited_reply"));
     redisReaderFree(rd);
 
