@@ -1,6 +1,7 @@
 #include "redis_guard.h"
 
 #include <stddef.h>
+#include <string.h>
 #include <strings.h>
 
 #include <hiredis/hiredis.h>
@@ -22,17 +23,25 @@ static bool refuse(struct redis_guard_conn *g, const char *reason, int type, int
     return false; /* hiredis fails the reader: "Out of memory", then a disconnect */
 }
 
+/* As hiredis reads a pub/sub kind: a C string (up to the first NUL byte),
+ * an optional leading 'p' for the pattern variant, then compared without
+ * case. */
 static bool is_unsubscribe(const char *str, size_t len)
 {
-    return (len == 11 && strncasecmp(str, "unsubscribe", 11) == 0) ||
-           (len == 12 && strncasecmp(str, "punsubscribe", 12) == 0);
+    size_t n = strnlen(str, len);
+    if (n > 0 && (str[0] == 'p' || str[0] == 'P')) {
+        str++;
+        n--;
+    }
+    return n == 11 && strncasecmp(str, "unsubscribe", 11) == 0;
 }
 
 /* The connection rules (redis_guard.h) for an object about to be made: type
  * is the reply type, str/len a string's bytes, elements an array's size. The
  * connection is the root task's privdata (hiredis copies the reader's there);
  * none attached: every object is admitted. */
-static bool admit(const redisReadTask *task, int type, const char *str, size_t len, int elements)
+static bool admit(const redisReadTask *task, int type, const char *str, size_t len, int elements,
+                  long long integer)
 {
     const redisReadTask *root = task;
     while (root->parent)
@@ -61,36 +70,42 @@ static bool admit(const redisReadTask *task, int type, const char *str, size_t l
             if (root->elements < 3)
                 return refuse(g, "unsubscribe_without_count", type, task->idx);
         }
-    } else if (task->idx == 2 && g->unsubscribe && type != REDIS_REPLY_INTEGER) {
-        return refuse(g, "unsubscribe_without_count", type, task->idx);
+    } else if (task->idx == 2 && g->unsubscribe) {
+        if (type != REDIS_REPLY_INTEGER)
+            return refuse(g, "unsubscribe_without_count", type, task->idx);
+        /* On a count of 0 hiredis may leave pub/sub mode (when the channel
+         * was its own): from then on every reply needs a command again, which
+         * is the safe side whichever it did. */
+        if (integer == 0)
+            g->pubsub = false;
     }
     return true;
 }
 
 static void *guard_create_string(const redisReadTask *task, char *str, size_t len)
 {
-    if (!admit(task, task->type, str, len, 0))
+    if (!admit(task, task->type, str, len, 0, 0))
         return NULL;
     return guard_base->createString(task, str, len);
 }
 
 static void *guard_create_integer(const redisReadTask *task, long long value)
 {
-    if (!admit(task, REDIS_REPLY_INTEGER, NULL, 0, 0))
+    if (!admit(task, REDIS_REPLY_INTEGER, NULL, 0, 0, value))
         return NULL;
     return guard_base->createInteger(task, value);
 }
 
 static void *guard_create_nil(const redisReadTask *task)
 {
-    if (!admit(task, REDIS_REPLY_NIL, NULL, 0, 0))
+    if (!admit(task, REDIS_REPLY_NIL, NULL, 0, 0, 0))
         return NULL;
     return guard_base->createNil(task);
 }
 
 static void *guard_create_array(const redisReadTask *task, int elements)
 {
-    if (!admit(task, REDIS_REPLY_ARRAY, NULL, 0, elements))
+    if (!admit(task, REDIS_REPLY_ARRAY, NULL, 0, elements, 0))
         return NULL;
     if (elements == 0)
         return guard_base->createArray(task, elements);
@@ -111,6 +126,9 @@ static void *guard_create_array(const redisReadTask *task, int elements)
     if (elements < 0 || declared > REDIS_GUARD_MAX_ELEMENTS ||
         (size_t)elements > REDIS_GUARD_MAX_ELEMENTS - declared) {
         refused_total++;
+        struct redis_guard_conn *g = root->privdata;
+        if (g)
+            g->refused++;
         LOG_WARN("redis_reply_refused", "reason=too_many_elements elements=%d declared=%zu depth=%d limit=%d",
                  elements, declared, depth, REDIS_GUARD_MAX_ELEMENTS);
         return NULL; /* hiredis fails the reader: "Out of memory" */

@@ -25,7 +25,9 @@
  *  - in pub/sub mode (redis_guard_conn_pubsub, from sending SUBSCRIBE on), an
  *    array that is not a pub/sub message: fewer than 2 elements, a first or
  *    second element that is not a bulk string, or an (p)unsubscribe message
- *    without an integer third element.
+ *    without an integer third element. An unsubscribe with a count of 0 ends
+ *    pub/sub mode for the guard (hiredis may leave it then), so what follows
+ *    needs a command again.
  * Refusals are logged (redis_reply_refused, with the reason) and counted.
  *
  * Not covered: bulk strings, which hiredis only builds once all their bytes

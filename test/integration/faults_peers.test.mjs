@@ -170,6 +170,11 @@ test('Redis killed and restarted while requests are held: holding, probing and b
     assert.deepEqual(acc.outcomes, { ok: 31 }, 'every request answered 200');
     const m = await act.metrics();
     assert.equal(metricSum(m, 'thaw_activator_cold_starts_total', { model: 'fp-a' }), 1);
+    // All of it came from a real Redis (HSET, HDEL, PUBLISH, held-count
+    // scripts, wakes, a kill and a restart): the reply guard refused nothing.
+    assert.equal(metricSum(m, 'thaw_activator_redis_replies_refused_total'), 0, 'activator refused a real reply');
+    assert.equal(sampleValue(await scaler.metrics(), 'thaw_scaler_redis_replies_refused_total'), 0,
+      'scaler refused a real reply');
     await fa.stop();
     await fb.stop();
   } finally {

@@ -24,6 +24,7 @@
 #include "alloc.h"
 #include "clock.h"
 #include "peer_proc.h"
+#include "redis_guard.h"
 #include "redis_source.h"
 
 /* '@' and '/' in the password exercise the URL parser (last '@', %2F). */
@@ -662,13 +663,14 @@ static void test_held(void)
     ok = ok && cmd(sc, "HSET thaw:held:m7 a 0:%" PRId64 ":4:1000 b 0:%" PRId64 ":2", now, now);
     ok = ok && cmd(sc, "HSET thaw:held:m8 a 0:%" PRId64 ":3:0 b 0:%" PRId64 ":1:2000", now, now);
     /* Parts after the fourth (a later activator's) are skipped, not the
-     * field; trailing garbage still makes a field unreadable. */
+     * field; trailing garbage still makes a field unreadable, and so does a
+     * value over 256 bytes (f: about 330). */
     static char longer[160];
     memset(longer, '7', sizeof(longer) - 1);
     ok = ok && cmd(sc, "HSET thaw:held:m9 a 0:%" PRId64 ":5:300:77 b 0:%" PRId64
                        ":2:400:1:beta c 0:%" PRId64 ":8:100x d 0:%" PRId64 ":16:xyz"
-                       " e 0:%" PRId64 ":1:200:%s",
-                   now, now, now, now, now, longer);
+                       " e 0:%" PRId64 ":1:200:%s f 0:%" PRId64 ":32:50:%s%s",
+                   now, now, now, now, now, longer, now, longer, longer);
     ok = ok && cmd(sc, "HSET thaw:held:m3 x 9:%" PRId64, now - 31000) &&
          cmd(sc, "SET thaw:held:m4 5:%" PRId64, now);
     enum { BULK = 1200 };
@@ -1057,6 +1059,12 @@ int main(void)
         }
     }
     CHECK(reentrant_calls == 0, "%d callbacks ran inside an API call", reentrant_calls);
+    /* Everything above came from a real Redis: handshakes with AUTH and
+     * SELECT, NOSCRIPT retries, wakes, timeouts, kills and restarts. The
+     * reply guard must not have refused any of it (a false refusal would only
+     * show as a reconnect). */
+    CHECK(redis_guard_refused_total() == 0, "%lu replies of a real Redis refused",
+          redis_guard_refused_total());
 
     redis_source_free(msrc);
     spin_for(20);

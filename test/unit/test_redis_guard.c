@@ -328,28 +328,67 @@ static void test_conn_pubsub(void **unused)
 
     static const struct {
         const char *stream, *reason;
+        size_t len; /* 0: strlen */
     } bad[] = {
-        {"*1\r\n$7\r\nmessage\r\n", "pubsub_message_short"},
-        {"*0\r\n", "pubsub_message_short"},
-        {"*3\r\n:1\r\n$1\r\nc\r\n$1\r\nm\r\n", "pubsub_field_not_string"},
-        {"*3\r\n$7\r\nmessage\r\n$-1\r\n$1\r\nm\r\n", "pubsub_field_not_string"},
-        {"*3\r\n+message\r\n$1\r\nc\r\n$1\r\nm\r\n", "pubsub_field_not_string"},
-        {"*3\r\n$7\r\nmessage\r\n*1\r\n:1\r\n$1\r\nm\r\n", "pubsub_field_not_string"},
-        {"*2\r\n$11\r\nunsubscribe\r\n$1\r\nc\r\n", "unsubscribe_without_count"},
-        {"*3\r\n$12\r\npunsubscribe\r\n$1\r\nc\r\n$1\r\n0\r\n", "unsubscribe_without_count"},
-        {"+OK\r\n", "unsolicited_reply"},
+        {"*1\r\n$7\r\nmessage\r\n", "pubsub_message_short", 0},
+        {"*0\r\n", "pubsub_message_short", 0},
+        {"*3\r\n:1\r\n$1\r\nc\r\n$1\r\nm\r\n", "pubsub_field_not_string", 0},
+        {"*3\r\n$7\r\nmessage\r\n$-1\r\n$1\r\nm\r\n", "pubsub_field_not_string", 0},
+        {"*3\r\n+message\r\n$1\r\nc\r\n$1\r\nm\r\n", "pubsub_field_not_string", 0},
+        {"*3\r\n$7\r\nmessage\r\n*1\r\n:1\r\n$1\r\nm\r\n", "pubsub_field_not_string", 0},
+        {"*2\r\n$11\r\nunsubscribe\r\n$1\r\nc\r\n", "unsubscribe_without_count", 0},
+        {"*3\r\n$12\r\npunsubscribe\r\n$1\r\nc\r\n$1\r\n0\r\n", "unsubscribe_without_count", 0},
+        /* hiredis reads the kind as a C string: a NUL after it still says unsubscribe */
+        {"*2\r\n$12\r\nunsubscribe\0\r\n$1\r\nc\r\n", "unsubscribe_without_count", 30},
+        {"*3\r\n$14\r\nPunsubscribe\0x\r\n$1\r\nc\r\n+0\r\n", "unsubscribe_without_count", 36},
+        {"+OK\r\n", "unsolicited_reply", 0},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         cap.len = 0;
         cap.text[0] = '\0';
         rd = conn_reader(&g);
         redis_guard_conn_pubsub(&g);
-        assert_int_equal(replies_until_refused(rd, bad[i].stream, &failed), 0);
+        if (bad[i].len) {
+            assert_int_equal(redisReaderFeed(rd, bad[i].stream, bad[i].len), REDIS_OK);
+            assert_int_equal(replies_until_refused(rd, "", &failed), 0);
+        } else {
+            assert_int_equal(replies_until_refused(rd, bad[i].stream, &failed), 0);
+        }
         assert_true(failed);
         assert_int_equal(g.refused, 1);
         assert_non_null(strstr(cap.text, bad[i].reason));
         redisReaderFree(rd);
     }
+    log_set_sink(NULL, NULL);
+}
+
+/* An unsubscribe with a count of 0 may end hiredis's pub/sub mode: from then
+ * on a message needs a command like any reply (hiredis would assert on it). */
+static void test_conn_unsubscribe_ends_pubsub(void **unused)
+{
+    (void)unused;
+    struct capture cap = {{0}, 0};
+    log_set_sink(capture_sink, &cap);
+    struct redis_guard_conn g;
+    bool failed;
+    redisReader *rd = conn_reader(&g);
+    redis_guard_conn_pubsub(&g);
+    assert_int_equal(replies_until_refused(rd,
+                                           "*3\r\n$11\r\nunsubscribe\r\n$1\r\nc\r\n:1\r\n"
+                                           "*3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$1\r\nm\r\n",
+                                           &failed),
+                     2);
+    assert_false(failed);
+    assert_true(g.pubsub);
+    assert_int_equal(replies_until_refused(rd,
+                                           "*3\r\n$12\r\nPUNSUBSCRIBE\r\n$1\r\n*\r\n:0\r\n"
+                                           "*3\r\n$7\r\nmessage\r\n$1\r\nc\r\n$1\r\nm\r\n",
+                                           &failed),
+                     1);
+    assert_true(failed);
+    assert_false(g.pubsub);
+    assert_non_null(strstr(cap.text, "reason=unsolicited_reply"));
+    redisReaderFree(rd);
     log_set_sink(NULL, NULL);
 }
 
@@ -391,6 +430,7 @@ int main(void)
         cmocka_unit_test(test_install_rules),
         cmocka_unit_test(test_conn_unsolicited),
         cmocka_unit_test(test_conn_pubsub),
+        cmocka_unit_test(test_conn_unsubscribe_ends_pubsub),
         cmocka_unit_test(test_conn_attach_rules),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
