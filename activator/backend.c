@@ -63,6 +63,7 @@ struct backend {
     char *health_path;
     long probe_initial_ms, probe_max_ms, probe_timeout_ms;
     long dns_refresh_ms;
+    long dns_refresh_waking_ms;
     unsigned cap;
     long upstream_idle_ms;
     size_t max_idle;
@@ -417,6 +418,17 @@ static void schedule_refresh(struct backend *b, long ms)
     event_add(b->refresh_timer, &tv);
 }
 
+/* A waking model with nothing healthy waits for a new replica, which a
+ * headless Service lists only once it is ready: every refresh period is then
+ * added to the cold start, so the name is re-resolved faster until something
+ * is healthy. */
+static long dns_refresh_period(const struct backend *b)
+{
+    if (b->probing && count_healthy(b) == 0 && b->dns_refresh_waking_ms < b->dns_refresh_ms)
+        return b->dns_refresh_waking_ms;
+    return b->dns_refresh_ms;
+}
+
 static void dns_cb(int result, struct evutil_addrinfo *res, void *arg)
 {
     struct dns_job *job = arg;
@@ -453,7 +465,7 @@ static void dns_cb(int result, struct evutil_addrinfo *res, void *arg)
     }
     if (res)
         evutil_freeaddrinfo(res);
-    schedule_refresh(b, b->dns_refresh_ms);
+    schedule_refresh(b, dns_refresh_period(b));
 }
 
 static void resolve(struct backend *b)
@@ -462,7 +474,7 @@ static void resolve(struct backend *b)
         return;
     struct dns_job *job = thaw_calloc(1, sizeof(*job));
     if (!job) {
-        schedule_refresh(b, b->dns_refresh_ms);
+        schedule_refresh(b, dns_refresh_period(b));
         return;
     }
     job->b = b;
@@ -519,6 +531,7 @@ static int apply_settings(struct backend *b, const struct model_config *mc,
     b->probe_max_ms = mc->probe_max_ms;
     b->probe_timeout_ms = mc->probe_timeout_ms;
     b->dns_refresh_ms = mc->dns_refresh_ms;
+    b->dns_refresh_waking_ms = mc->dns_refresh_waking_ms;
     b->cap = (unsigned)mc->max_concurrency_per_endpoint;
     b->upstream_idle_ms = lim->upstream_idle_ms;
     b->max_idle = (size_t)lim->max_idle_per_endpoint;
@@ -640,6 +653,10 @@ void backend_probe_start(struct backend *b)
         if (!b->eps[i]->bal.healthy)
             probe_restart(b->eps[i]);
     }
+    /* Waking with nothing healthy: the next resolution comes at the waking
+     * period, not at whatever is left of the slow one. */
+    if (b->kind == SRC_DNS && !b->dns_job && dns_refresh_period(b) < b->dns_refresh_ms)
+        schedule_refresh(b, dns_refresh_period(b));
 }
 
 void backend_probe_stop(struct backend *b)

@@ -49,6 +49,8 @@ static const struct field_def model_fields[] = {
     {"probeMaxMs", F_INT, MF(probe_max_ms), 0, 1, 600000, "25", false},
     {"probeTimeoutMs", F_INT, MF(probe_timeout_ms), 0, 1, 600000, "1000", false},
     {"dnsRefreshSeconds", F_SECONDS, MF(dns_refresh_ms), 0, 0.1, 3600, "5", false},
+    {"dnsRefreshWakingSeconds", F_SECONDS, MF(dns_refresh_waking_ms), 0, 0.05, 3600, "0.5",
+     false},
     {"responseHeaderTimeoutSeconds", F_SECONDS, MF(response_header_timeout_ms), 0, 0.01, 86400,
      "300", false},
     {"responseIdleTimeoutSeconds", F_SECONDS, MF(response_idle_timeout_ms), 0, 0.01, 86400, "600",

@@ -43,6 +43,7 @@ struct model_config {
     long probe_max_ms;
     long probe_timeout_ms;
     long dns_refresh_ms;
+    long dns_refresh_waking_ms; /* while nothing is healthy and the model waits */
     long response_header_timeout_ms; /* request sent -> response head */
     long response_idle_timeout_ms;   /* between response body reads */
 };

@@ -30,6 +30,7 @@ struct settings {
     char *instance_id;
     enum log_level log_level;
     long redis_timeout_ms;
+    char *dns_server;
 };
 
 #define S(f) offsetof(struct settings, f)
@@ -48,6 +49,9 @@ static const struct opt_def option_defs[] = {
     {"log-level", OPT_LOG_LEVEL, S(log_level), "info", 0, 0, "debug, info, warn or error", NULL},
     {"redis-timeout-ms", OPT_INT, S(redis_timeout_ms), "1000", 10, 600000,
      "a Redis connect or command not answered this fast drops the connection", NULL},
+    {"dns-server", OPT_STRING, S(dns_server), NULL, 0, 0,
+     "nameserver IP[:PORT] for backend host names instead of /etc/resolv.conf's (unset: the "
+     "system's)", NULL},
 };
 #define NDEFS (sizeof(option_defs) / sizeof(option_defs[0]))
 
@@ -181,7 +185,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "thaw-activator: cannot create the event loop\n");
         goto out;
     }
-    app.px = proxy_new(app.base, cfg, NULL, err, sizeof(err));
+    app.px = proxy_new(app.base, cfg, NULL, app.s.dns_server, err, sizeof(err));
     if (!app.px) {
         fprintf(stderr, "thaw-activator: %s\n", err);
         goto out;

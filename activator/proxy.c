@@ -170,6 +170,7 @@ struct proxy {
     size_t nmodels;
     struct model_rt *removed;
     struct evdns_base *dns;
+    char *dns_server; /* nameserver instead of resolv.conf's, or NULL */
     struct redis_link *redis;
     struct evconnlistener *listener;
     struct event *accept_resume; /* re-enables accepting after an EMFILE pause */
@@ -2085,6 +2086,19 @@ static int ensure_dns(struct proxy *px, const struct config *cfg)
 {
     if (px->dns || !needs_dns(cfg))
         return 0;
+    if (px->dns_server) {
+        px->dns = evdns_base_new(px->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+        if (!px->dns)
+            return -1;
+        evdns_base_load_hosts(px->dns, NULL);
+        if (evdns_base_nameserver_ip_add(px->dns, px->dns_server) != 0) {
+            LOG_ERROR("dns_server_invalid", "server=%s", px->dns_server);
+            evdns_base_free(px->dns, 0);
+            px->dns = NULL;
+            return -1;
+        }
+        return 0;
+    }
     px->dns = evdns_base_new(px->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
                                            EVDNS_BASE_DISABLE_WHEN_INACTIVE);
     if (!px->dns) {
@@ -2097,7 +2111,7 @@ static int ensure_dns(struct proxy *px, const struct config *cfg)
 }
 
 struct proxy *proxy_new(struct event_base *base, struct config *cfg, struct redis_link *redis,
-                        char *err, size_t errlen)
+                        const char *dns_server, char *err, size_t errlen)
 {
     struct proxy *px = thaw_calloc(1, sizeof(*px));
     if (!px) {
@@ -2109,6 +2123,11 @@ struct proxy *proxy_new(struct event_base *base, struct config *cfg, struct redi
     px->cfg = cfg;
     px->redis = redis;
     px->port = -1;
+    if (dns_server && !(px->dns_server = thaw_strdup(dns_server))) {
+        snprintf(err, errlen, "out of memory");
+        proxy_free(px);
+        return NULL;
+    }
     px->tick = event_new(base, -1, EV_PERSIST, tick_cb, px);
     px->socket_retry = evtimer_new(base, socket_retry_cb, px);
     px->flusher = conn_flusher_new(base);
@@ -2174,6 +2193,7 @@ void proxy_free(struct proxy *px)
         event_free(px->drain_timer);
     if (px->dns)
         evdns_base_free(px->dns, 0);
+    thaw_free(px->dns_server);
     conn_flusher_free(px->flusher); /* after every connection is gone */
     thaw_free(px->scratch_req);
     thaw_free(px->scratch_resp);

@@ -52,9 +52,12 @@ enum proxy_outcome {
 const char *proxy_outcome_to_str(enum proxy_outcome o);
 
 /* Takes ownership of cfg (also on failure). redis may be NULL (no Redis):
- * holding and probing work the same, only the signals are not sent. */
+ * holding and probing work the same, only the signals are not sent.
+ * dns_server ("IP" or "IP:PORT", or NULL) is the nameserver backend names are
+ * resolved with instead of /etc/resolv.conf's (/etc/hosts still answers
+ * first). */
 struct proxy *proxy_new(struct event_base *base, struct config *cfg, struct redis_link *redis,
-                        char *err, size_t errlen);
+                        const char *dns_server, char *err, size_t errlen);
 /* Closes every connection and frees everything. Accepts NULL. */
 void proxy_free(struct proxy *px);
 

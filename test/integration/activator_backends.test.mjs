@@ -1,6 +1,8 @@
 // thaw-activator backend sets: endpoints file reloaded on change, least
-// outstanding requests balancing, per-endpoint concurrency cap, DNS names,
-// SIGHUP config reload.
+// outstanding requests balancing, per-endpoint concurrency cap, DNS names
+// (re-resolved faster while a model waits for its first replica), SIGHUP
+// config reload.
+import dgram from 'node:dgram';
 import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
@@ -308,6 +310,85 @@ test('DNS backend: a host name resolved by the activator (localhost via /etc/hos
   } finally {
     await act.stop();
     await fv.stop();
+  }
+});
+
+/**
+ * A DNS server on loopback (UDP) answering A queries for one name with the
+ * addresses in `addrs` (empty: no answer, as a headless Service with no ready
+ * pod), AAAA with nothing; counts the A queries.
+ */
+async function startDns(name) {
+  const sock = dgram.createSocket('udp4');
+  const dns = { addrs: [], queries: 0 };
+  sock.on('message', (msg, rinfo) => {
+    if (msg.length < 12) return;
+    let off = 12;
+    const labels = [];
+    while (off < msg.length && msg[off] !== 0) {
+      labels.push(msg.subarray(off + 1, off + 1 + msg[off]).toString());
+      off += msg[off] + 1;
+    }
+    const qEnd = off + 5; // the zero label, type, class
+    if (qEnd > msg.length) return;
+    const qtype = msg.readUInt16BE(off + 1);
+    const match = labels.join('.').toLowerCase() === name;
+    const answers = match && qtype === 1 ? dns.addrs : [];
+    if (match && qtype === 1) dns.queries++;
+    const head = Buffer.alloc(12);
+    head.writeUInt16BE(msg.readUInt16BE(0), 0);
+    head.writeUInt16BE(match ? 0x8580 : 0x8583, 2); // QR AA RD RA; NXDOMAIN for other names
+    head.writeUInt16BE(1, 4);
+    head.writeUInt16BE(answers.length, 6);
+    const rrs = answers.map((ip) => {
+      const rr = Buffer.alloc(16);
+      rr.writeUInt16BE(0xc00c, 0);
+      rr.writeUInt16BE(1, 2);
+      rr.writeUInt16BE(1, 4);
+      rr.writeUInt32BE(0, 6);
+      rr.writeUInt16BE(4, 10);
+      ip.split('.').forEach((b, i) => { rr[12 + i] = Number(b); });
+      return rr;
+    });
+    sock.send(Buffer.concat([head, msg.subarray(12, qEnd), ...rrs]), rinfo.port, rinfo.address);
+  });
+  await new Promise((resolve) => sock.bind(0, '127.0.0.1', resolve));
+  dns.port = sock.address().port;
+  dns.close = () => new Promise((resolve) => sock.close(resolve));
+  return dns;
+}
+
+test('DNS backend, waking: the name is re-resolved every dnsRefreshWakingSeconds until a replica is healthy', async () => {
+  const dns = await startDns('m.thaw.test');
+  const port = await freePort();
+  const fv = await startFakeVllm({ model: 'dnsw', port, waitReady: true });
+  // The slow period is 30 s: only the waking one can find the replica in time.
+  const act = await startActivator(
+    { models: [{ name: 'dnsw', backend: `http://m.thaw.test:${port}`, dnsRefreshSeconds: 30,
+      dnsRefreshWakingSeconds: 0.2, ...fast }] },
+    { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
+  try {
+    await waitUntil(() => dns.queries >= 1, 5000, { what: 'the first resolution' });
+    const pending = complete(act.port, 'dnsw', { timeoutMs: 20000 });
+    await waitUntil(async () => (await act.model('dnsw')).held === 1, 5000, { what: 'the request held' });
+    await sleep(600);
+    const whileWaking = dns.queries;
+    assert.ok(whileWaking >= 3, `re-resolved while waking (${whileWaking} queries)`);
+    const t0 = Date.now();
+    dns.addrs = ['127.0.0.1']; // the replica turns ready: the headless Service lists it
+    const r = await pending;
+    const noticed = Date.now() - t0;
+    assert.equal(r.status, 200, r.body.toString());
+    assert.ok(noticed < 5000, `served ${noticed} ms after the name listed the replica`);
+    // Ready: back to the slow period (30 s), no more queries for now.
+    const afterReady = dns.queries;
+    await sleep(1500);
+    assert.ok(dns.queries - afterReady <= 1, `${dns.queries - afterReady} queries once ready`);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await fv.stop();
+    await dns.close();
   }
 });
 

@@ -27,7 +27,7 @@ static void test_full(void **state)
         "\"models\":[{\"name\":\"m1\",\"backend\":\"http://127.0.0.1:8001\","
         "\"aliases\":[\"m1-lora-*\"],\"maxHeldRequests\":10,\"maxHeldBytes\":1000,"
         "\"holdTimeoutSeconds\":600,\"maxConcurrencyPerEndpoint\":4,\"lateAfterSeconds\":1.5,"
-        "\"wakeWith\":[\"m2\"]},"
+        "\"dnsRefreshWakingSeconds\":0.25,\"wakeWith\":[\"m2\"]},"
         "{\"name\":\"m2\",\"endpointsFile\":\"/tmp/eps\",\"hosts\":[\"m2.local\"]}]}";
     char err[256] = "";
     struct config *cfg = parse(text, err, sizeof(err));
@@ -50,6 +50,9 @@ static void test_full(void **state)
     assert_int_equal(m2->late_after_ms, 0); /* FIFO unless asked */
     assert_int_equal(m1->probe_initial_ms, 10);
     assert_int_equal(m1->probe_max_ms, 25);
+    assert_int_equal(m1->dns_refresh_ms, 5000);
+    assert_int_equal(m1->dns_refresh_waking_ms, 250);
+    assert_int_equal(m2->dns_refresh_waking_ms, 500); /* default */
     assert_int_equal(m1->naliases, 1);
     assert_int_equal(m1->nwake_with, 1);
     assert_null(m2->backend);
