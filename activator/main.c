@@ -1,7 +1,8 @@
 /* thaw-activator: the scale-to-zero HTTP proxy.
  *
  * Wiring only: options, the event loop, the proxy, the admin port, the Redis
- * link and signals (SIGTERM/SIGINT drain, SIGHUP reload). */
+ * link, signals (SIGTERM/SIGINT drain, SIGHUP reload) and the config file
+ * watch (a changed file is reloaded as on SIGHUP). */
 #include <errno.h>
 #include <malloc.h>
 #include <signal.h>
@@ -9,6 +10,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -31,6 +33,7 @@ struct settings {
     enum log_level log_level;
     long redis_timeout_ms;
     char *dns_server;
+    long config_poll_ms;
 };
 
 #define S(f) offsetof(struct settings, f)
@@ -49,6 +52,9 @@ static const struct opt_def option_defs[] = {
     {"log-level", OPT_LOG_LEVEL, S(log_level), "info", 0, 0, "debug, info, warn or error", NULL},
     {"redis-timeout-ms", OPT_INT, S(redis_timeout_ms), "1000", 10, 600000,
      "a Redis connect or command not answered this fast drops the connection", NULL},
+    {"config-poll-ms", OPT_INT, S(config_poll_ms), "2000", 0, 3600000,
+     "check the config file this often and reload it when it changed, as on SIGHUP (a "
+     "Kubernetes ConfigMap edit); 0: only on SIGHUP", NULL},
     {"dns-server", OPT_STRING, S(dns_server), NULL, 0, 0,
      "nameserver IP[:PORT] for backend host names instead of /etc/resolv.conf's (unset: the "
      "system's)", NULL},
@@ -63,6 +69,9 @@ struct app {
     struct redis_link *redis;
     struct event *sig_term, *sig_int, *sig_hup;
     struct event *hard_stop;
+    struct event *config_watch;
+    struct stat config_seen; /* the file as last loaded or rejected */
+    bool config_seen_ok;
 };
 
 static void drained(void *ud)
@@ -90,6 +99,8 @@ static void on_term(evutil_socket_t fd, short what, void *arg)
     if (proxy_is_draining(app->px))
         return;
     LOG_INFO("signal", "signal=%s action=drain", fd == SIGINT ? "SIGINT" : "SIGTERM");
+    if (app->config_watch)
+        event_del(app->config_watch); /* a draining proxy takes no new config */
     /* Belt and braces: the drain deadline answers everyone; this only bounds
      * a peer that never reads its answer. */
     app->hard_stop = evtimer_new(app->base, hard_stop_cb, app);
@@ -101,18 +112,49 @@ static void on_term(evutil_socket_t fd, short what, void *arg)
     proxy_drain(app->px, drained, app);
 }
 
-static void on_hup(evutil_socket_t fd, short what, void *arg)
+static void config_remember(struct app *app)
 {
-    (void)fd;
-    (void)what;
-    struct app *app = arg;
+    app->config_seen_ok = stat(app->s.config, &app->config_seen) == 0;
+}
+
+static void reload_config(struct app *app)
+{
     char err[512];
+    /* Remembered before reading: a change while it is read is seen next time. */
+    config_remember(app);
     struct config *cfg = config_load(app->s.config, err, sizeof(err));
     if (!cfg) {
         LOG_ERROR("reload_rejected", "err=\"%s\"", err);
         return;
     }
     proxy_reload(app->px, cfg);
+}
+
+static void on_hup(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    reload_config(arg);
+}
+
+/* A ConfigMap volume swaps a symlink: stat follows it, so a new file shows as
+ * a new inode, size or modification time. A file that is gone or unreadable
+ * is left alone (the old config stays) until it changes again. */
+static void on_config_watch(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct app *app = arg;
+    struct stat st;
+    if (stat(app->s.config, &st) != 0)
+        return;
+    const struct stat *o = &app->config_seen;
+    if (app->config_seen_ok && st.st_ino == o->st_ino && st.st_dev == o->st_dev &&
+        st.st_size == o->st_size && st.st_mtim.tv_sec == o->st_mtim.tv_sec &&
+        st.st_mtim.tv_nsec == o->st_mtim.tv_nsec)
+        return;
+    LOG_INFO("config_changed", "path=%s", app->s.config);
+    reload_config(app);
 }
 
 static int split(const char *what, const char *hp, char *host, size_t hl, int *port)
@@ -172,6 +214,7 @@ int main(int argc, char **argv)
     }
     const char *instance = app.s.instance_id ? app.s.instance_id : host_id;
 
+    config_remember(&app);
     struct config *cfg = config_load(app.s.config, err, sizeof(err));
     if (!cfg) {
         fprintf(stderr, "thaw-activator: config %s\n", err);
@@ -219,6 +262,14 @@ int main(int argc, char **argv)
         fprintf(stderr, "thaw-activator: cannot install signal handlers\n");
         goto out;
     }
+    if (app.s.config_poll_ms > 0) {
+        app.config_watch = event_new(app.base, -1, EV_PERSIST, on_config_watch, &app);
+        struct timeval tv = {app.s.config_poll_ms / 1000, (app.s.config_poll_ms % 1000) * 1000};
+        if (!app.config_watch || event_add(app.config_watch, &tv) < 0) {
+            fprintf(stderr, "thaw-activator: cannot watch the config file\n");
+            goto out;
+        }
+    }
     LOG_INFO("listening", "proxy_port=%d admin_port=%d instance=%s models=%zu",
              proxy_port(app.px), admin_port(app.admin), instance, proxy_model_count(app.px));
     event_base_dispatch(app.base);
@@ -236,6 +287,8 @@ out:
         event_free(app.sig_hup);
     if (app.hard_stop)
         event_free(app.hard_stop);
+    if (app.config_watch)
+        event_free(app.config_watch);
     if (app.base)
         event_base_free(app.base);
     options_free(option_defs, NDEFS, &app.s);

@@ -432,6 +432,40 @@ test('SIGHUP reload: models added and changed without dropping connections; a ba
   }
 });
 
+test('config file watch: a changed file is reloaded without SIGHUP; a bad one is rejected and the old config stays', async () => {
+  const p1 = await freePort();
+  const p2 = await freePort();
+  const f1 = await startFakeVllm({ model: 'wa', port: p1, waitReady: true });
+  const f2 = await startFakeVllm({ model: 'wb', port: p2, waitReady: true });
+  const cfg = { models: [{ name: 'wa', backend: `http://127.0.0.1:${p1}`, ...fast }] };
+  const act = await startActivator(cfg, { args: ['--config-poll-ms', '100'] });
+  try {
+    assert.equal((await complete(act.port, 'wa')).status, 200);
+    assert.equal((await complete(act.port, 'wb')).status, 404);
+    let mark = act.proc.mark();
+    fs.writeFileSync(act.configPath, '{"models": [');
+    await act.proc.waitForLog(/event=reload_rejected/, 3000, { since: mark });
+    assert.equal((await complete(act.port, 'wa')).status, 200, 'the old config stays');
+    // A ConfigMap update: a new file renamed over the old one (a new inode).
+    mark = act.proc.mark();
+    const tmp = `${act.configPath}.new`;
+    fs.writeFileSync(tmp, JSON.stringify({ models: [...cfg.models, { name: 'wb', backend: `http://127.0.0.1:${p2}`, ...fast }] }));
+    fs.renameSync(tmp, act.configPath);
+    await act.proc.waitForLog(/event=config_changed/, 3000, { since: mark });
+    await act.proc.waitForLog(/event=config_reloaded models=2/, 3000, { since: mark });
+    assert.equal((await complete(act.port, 'wb')).status, 200);
+    // Unchanged: no more reloads.
+    mark = act.proc.mark();
+    await sleep(500);
+    assert.ok(!/config_changed/.test(act.proc.output().split('\n').slice(mark).join('\n')), 'reloaded an unchanged file');
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await f1.stop();
+    await f2.stop();
+  }
+});
+
 test('bad config: a clear message naming the field, exit non-zero', async () => {
   const { spawnProcess, binPath, tmpDir } = await import('./lib/harness.mjs');
   const dir = tmpDir();
