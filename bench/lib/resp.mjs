@@ -31,11 +31,12 @@ export function encodeCommand(args) {
   return Buffer.concat(parts.map((p) => (Buffer.isBuffer(p) ? p : Buffer.from(p))));
 }
 
-const INCOMPLETE = Symbol('incomplete');
+export const INCOMPLETE = Symbol('incomplete');
 
 // Parses one reply at buf[pos]: {value, end} or INCOMPLETE. Error replies come
-// back as {value: Error}.
-function parseReply(buf, pos) {
+// back as {value: Error}. A command is an array of bulk strings, so a fake
+// server parses what its clients send with it too.
+export function parseReply(buf, pos) {
   if (pos >= buf.length) return INCOMPLETE;
   const eol = buf.indexOf('\r\n', pos);
   if (eol < 0) return INCOMPLETE;

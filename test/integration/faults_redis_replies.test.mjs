@@ -10,6 +10,7 @@
 import net from 'node:net';
 import { after, test } from 'node:test';
 
+import { INCOMPLETE, parseReply } from '../../bench/lib/resp.mjs';
 import { metricSum, request, startActivator } from './activator_lib.mjs';
 import { assert, sleep } from './faults_lib.mjs';
 import { freePort, startPrometheus, waitUntil } from './lib/harness.mjs';
@@ -26,26 +27,10 @@ function parseCommands(buf) {
   const cmds = [];
   let pos = 0;
   for (;;) {
-    const start = pos;
-    const line = (at) => {
-      const end = buf.indexOf('\r\n', at);
-      return end < 0 ? null : [buf.subarray(at, end).toString(), end + 2];
-    };
-    const head = line(pos);
-    if (!head || head[0][0] !== '*') return [cmds, buf.subarray(start)];
-    let [text, next] = head;
-    const argc = Number(text.slice(1));
-    const args = [];
-    pos = next;
-    for (let i = 0; i < argc; i++) {
-      const h = line(pos);
-      if (!h) return [cmds, buf.subarray(start)];
-      const len = Number(h[0].slice(1));
-      if (buf.length < h[1] + len + 2) return [cmds, buf.subarray(start)];
-      args.push(buf.subarray(h[1], h[1] + len).toString());
-      pos = h[1] + len + 2;
-    }
-    cmds.push(args);
+    const r = parseReply(buf, pos);
+    if (r === INCOMPLETE) return [cmds, buf.subarray(pos)];
+    cmds.push(r.value);
+    pos = r.end;
   }
 }
 
