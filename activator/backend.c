@@ -64,7 +64,9 @@ struct backend {
     long probe_initial_ms, probe_max_ms, probe_timeout_ms;
     long dns_refresh_ms;
     long dns_refresh_waking_ms;
-    unsigned cap;
+    unsigned cap;      /* maxConcurrencyPerEndpoint (0: none) */
+    bool split;        /* the cap is shared by `peers` activators */
+    unsigned peers;    /* live activators, this one included */
     long upstream_idle_ms;
     size_t max_idle;
 
@@ -533,6 +535,7 @@ static int apply_settings(struct backend *b, const struct model_config *mc,
     b->dns_refresh_ms = mc->dns_refresh_ms;
     b->dns_refresh_waking_ms = mc->dns_refresh_waking_ms;
     b->cap = (unsigned)mc->max_concurrency_per_endpoint;
+    b->split = mc->split_concurrency != 0;
     b->upstream_idle_ms = lim->upstream_idle_ms;
     b->max_idle = (size_t)lim->max_idle_per_endpoint;
     return 0;
@@ -590,6 +593,7 @@ struct backend *backend_new(struct event_base *base, struct evdns_base *dns,
     b->dns = dns;
     b->cbs = *cbs;
     b->ud = ud;
+    b->peers = 1;
     b->refresh_timer = evtimer_new(base, refresh_cb, b);
     if (!b->refresh_timer || apply_settings(b, mc, lim) < 0 || start_source(b, mc) < 0) {
         backend_free(b);
@@ -633,15 +637,22 @@ int backend_reconfigure(struct backend *b, const struct model_config *mc,
     return start_source(b, mc);
 }
 
+unsigned backend_cap(const struct backend *b)
+{
+    return b->split ? balance_share(b->cap, b->peers) : b->cap;
+}
+
+void backend_set_peers(struct backend *b, unsigned peers) { b->peers = peers ? peers : 1; }
+
 struct endpoint *backend_pick(struct backend *b)
 {
-    int i = balance_pick(b->balv, b->neps, b->cap, &b->rr);
+    int i = balance_pick(b->balv, b->neps, backend_cap(b), &b->rr);
     return i < 0 ? NULL : b->eps[i];
 }
 
 size_t backend_capacity(const struct backend *b)
 {
-    return balance_capacity(b->balv, b->neps, b->cap);
+    return balance_capacity(b->balv, b->neps, backend_cap(b));
 }
 
 bool backend_any_healthy(const struct backend *b) { return count_healthy(b) > 0; }

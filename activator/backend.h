@@ -66,6 +66,13 @@ void backend_free(struct backend *b);
 int backend_reconfigure(struct backend *b, const struct model_config *mc,
                         const struct limits_config *lim);
 
+/* The activators sharing each endpoint's cap (this one included; 0 counts
+ * as 1). Starts at 1; kept across backend_reconfigure. */
+void backend_set_peers(struct backend *b, unsigned peers);
+/* This activator's cap per endpoint now: maxConcurrencyPerEndpoint, split
+ * by the peers when splitConcurrencyAcrossActivators (0: no cap). */
+unsigned backend_cap(const struct backend *b);
+
 /* The endpoint to send the next request to (least outstanding, below the
  * cap), or NULL. Does not count the request: call endpoint_acquire. */
 struct endpoint *backend_pick(struct backend *b);

@@ -44,6 +44,13 @@ size_t balance_capacity(struct balance_ep *const *eps, size_t n, unsigned cap)
     return total;
 }
 
+unsigned balance_share(unsigned cap, unsigned peers)
+{
+    if (cap == 0 || peers <= 1)
+        return cap;
+    return cap / peers + (cap % peers != 0);
+}
+
 static int parse_line(const char *p, size_t len, struct balance_addr *a)
 {
     const char *colon;

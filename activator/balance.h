@@ -24,6 +24,12 @@ int balance_pick(struct balance_ep *const *eps, size_t n, unsigned cap, size_t *
  * when any is healthy). */
 size_t balance_capacity(struct balance_ep *const *eps, size_t n, unsigned cap);
 
+/* This activator's part of a per-endpoint cap that peers activators share:
+ * ceil(cap / peers), at least 1 (so every activator can reach every
+ * endpoint; with peers > cap the endpoints may get up to peers requests).
+ * cap 0 (no cap) stays 0; peers 0 counts as 1. */
+unsigned balance_share(unsigned cap, unsigned peers);
+
 struct balance_addr {
     char host[64]; /* IP literal (IPv6 without brackets) */
     int port;

@@ -15,6 +15,7 @@ enum field_type {
     F_STRINGS, /* char ** + size_t count right after it */
     F_INT,     /* long, whole number */
     F_SECONDS, /* long milliseconds, given in (fractional) seconds */
+    F_BOOL,    /* long 0 or 1, given as true / false */
 };
 
 struct field_def {
@@ -43,6 +44,7 @@ static const struct field_def model_fields[] = {
     {"holdTimeoutSeconds", F_SECONDS, MF(hold_timeout_ms), 0, 0.001, 86400, "600", false},
     {"maxConcurrencyPerEndpoint", F_INT, MF(max_concurrency_per_endpoint), 0, 0, 1000000, "0",
      false},
+    {"splitConcurrencyAcrossActivators", F_BOOL, MF(split_concurrency), 0, 0, 1, "1", false},
     {"lateAfterSeconds", F_SECONDS, MF(late_after_ms), 0, 0, 3600, "0", false},
     {"sseHeartbeatSeconds", F_SECONDS, MF(sse_heartbeat_ms), 0, 0, 3600, "0", false},
     {"probeInitialMs", F_INT, MF(probe_initial_ms), 0, 1, 60000, "10", false},
@@ -169,7 +171,7 @@ static int set_number(const struct field_def *d, void *target, double v, const c
         return -1;
     }
     long *slot = (long *)(void *)((char *)target + d->offset);
-    if (d->type == F_INT) {
+    if (d->type == F_INT || d->type == F_BOOL) {
         if (v != floor(v)) {
             snprintf(err, errlen, "%s: expected a whole number", path);
             return -1;
@@ -259,6 +261,13 @@ static int set_field(const struct field_def *d, void *target, json_t *v, const c
             return -1;
         }
         return set_number(d, target, json_number_value(v), path, err, errlen);
+    case F_BOOL:
+        if (!json_is_boolean(v)) {
+            snprintf(err, errlen, "%s: expected true or false", path);
+            return -1;
+        }
+        *(long *)(void *)(base + d->offset) = json_is_true(v) ? 1 : 0;
+        return 0;
     }
     return -1;
 }

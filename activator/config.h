@@ -37,6 +37,7 @@ struct model_config {
     long max_held_bytes;
     long hold_timeout_ms;
     long max_concurrency_per_endpoint; /* 0: no cap */
+    long split_concurrency; /* 1: the cap is shared by the live activators (peers) */
     long late_after_ms; /* waiting longer than this: behind newer requests (0: FIFO) */
     long sse_heartbeat_ms;             /* 0: off */
     long probe_initial_ms;

@@ -34,6 +34,7 @@ struct settings {
     long redis_timeout_ms;
     char *dns_server;
     long config_poll_ms;
+    char *peer_group;
 };
 
 #define S(f) offsetof(struct settings, f)
@@ -55,6 +56,10 @@ static const struct opt_def option_defs[] = {
     {"config-poll-ms", OPT_INT, S(config_poll_ms), "2000", 0, 3600000,
      "check the config file this often and reload it when it changed, as on SIGHUP (a "
      "Kubernetes ConfigMap edit); 0: only on SIGHUP", NULL},
+    {"peer-group", OPT_STRING, S(peer_group), "default", 0, 0,
+     "activators in the same group (and Redis) share each endpoint's "
+     "maxConcurrencyPerEndpoint: each takes ceil(cap / live members); give activators in "
+     "front of other backends a group of their own", NULL},
     {"dns-server", OPT_STRING, S(dns_server), NULL, 0, 0,
      "nameserver IP[:PORT] for backend host names instead of /etc/resolv.conf's (unset: the "
      "system's)", NULL},
@@ -157,6 +162,21 @@ static void on_config_watch(evutil_socket_t fd, short what, void *arg)
     reload_config(app);
 }
 
+/* The group names a Redis key: keep it short and printable. */
+static bool peer_group_valid(const char *g)
+{
+    size_t n = strlen(g);
+    if (n == 0 || n > 200)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        char c = g[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+              c == '.' || c == '_' || c == '-'))
+            return false;
+    }
+    return true;
+}
+
 static int split(const char *what, const char *hp, char *host, size_t hl, int *port)
 {
     if (options_split_hostport(hp, host, hl, port) < 0) {
@@ -193,6 +213,12 @@ int main(int argc, char **argv)
         return 2;
     }
     log_set_level(app.s.log_level);
+    if (!peer_group_valid(app.s.peer_group)) {
+        fprintf(stderr, "thaw-activator: --peer-group: expected 1-200 of A-Z a-z 0-9 . _ -, got "
+                        "'%s'\n", app.s.peer_group);
+        options_free(option_defs, NDEFS, &app.s);
+        return 2;
+    }
     int rc = 1;
     char lhost[256], ahost[256];
     int lport, aport;
@@ -228,7 +254,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "thaw-activator: cannot create the event loop\n");
         goto out;
     }
-    app.px = proxy_new(app.base, cfg, NULL, app.s.dns_server, err, sizeof(err));
+    app.px = proxy_new(app.base, cfg, app.s.dns_server, err, sizeof(err));
     if (!app.px) {
         fprintf(stderr, "thaw-activator: %s\n", err);
         goto out;
@@ -241,7 +267,7 @@ int main(int argc, char **argv)
             rc = 2;
             goto out;
         }
-        proxy_set_redis(app.px, app.redis);
+        proxy_set_redis(app.px, app.redis, app.s.peer_group);
     } else {
         LOG_WARN("no_redis", "reason=\"--redis-url not set: wake signals and held counts are off\"");
     }

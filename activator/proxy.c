@@ -31,6 +31,11 @@
 
 #define TICK_MS 100
 #define REDIS_REFRESH_MS 1000
+/* A peer that has not renewed for this long is no longer counted; ours is
+ * renewed every REDIS_REFRESH_MS, so a few lost heartbeats do not count a
+ * live activator out. Also how long our last count is trusted without a new
+ * answer (Redis down): after that the cap is no longer split. */
+#define PEERS_TTL_MS 5000
 #define UPSTREAM_HEAD_MAX 65536
 #define MAX_SENT_RETRIES 2
 
@@ -186,6 +191,11 @@ struct proxy {
     size_t nclients;
     struct event *tick;
     int64_t last_redis_ms;
+    /* Live activators sharing maxConcurrencyPerEndpoint (this one
+     * included), counted in Redis; 1 without a recent answer. */
+    unsigned peers;
+    int64_t peers_seen_ms;
+    char peers_key[300];
     struct event *drain_timer;
     bool draining;
     bool drain_deadline_passed;
@@ -1328,6 +1338,7 @@ static struct model_rt *model_new(struct proxy *px, const struct model_config *m
         model_free(m);
         return NULL;
     }
+    backend_set_peers(m->be, px->peers);
     return m;
 }
 
@@ -2022,6 +2033,32 @@ static void trim_after_burst(struct proxy *px)
     px->clients_peak = px->nclients;
 }
 
+/* A smaller share for each when peers come, a larger one when they go (held
+ * requests may now fit). */
+static void set_peers(struct proxy *px, unsigned peers, const char *why)
+{
+    if (peers == px->peers)
+        return;
+    LOG_INFO("peers_changed", "peers=%u was=%u reason=%s", peers, px->peers, why);
+    bool wider = peers < px->peers;
+    px->peers = peers;
+    for (size_t i = 0; i < px->nmodels; i++) {
+        backend_set_peers(px->models[i]->be, peers);
+        if (wider)
+            release_held(px->models[i]);
+    }
+}
+
+static void on_peers(void *ud, long long peers)
+{
+    struct proxy *px = ud;
+    px->peers_seen_ms = now_ms();
+    /* A draining activator keeps the share it had: it left the set, so the
+     * others already count without it. */
+    if (!px->draining)
+        set_peers(px, peers > 100000 ? 100000 : (unsigned)peers, "counted");
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -2035,8 +2072,15 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     free_removed(px);
     reap_held_clients(px);
     trim_after_burst(px);
+    /* Redis gone or silent: each activator takes the whole cap again. A
+     * backend then may see up to peers x its cap (it queues the excess
+     * itself), which is better than endpoints idle behind a stale split. */
+    if (px->peers > 1 && !px->draining && now - px->peers_seen_ms > PEERS_TTL_MS)
+        set_peers(px, 1, "no_recent_count");
     if (now - px->last_redis_ms >= REDIS_REFRESH_MS) {
         px->last_redis_ms = now;
+        if (px->redis && redis_link_up(px->redis) && !px->draining)
+            redis_link_heartbeat(px->redis, px->peers_key, PEERS_TTL_MS);
         for (size_t i = 0; i < px->nmodels; i++) {
             struct model_rt *m = px->models[i];
             /* A wake that could not be sent still matters while the model
@@ -2110,8 +2154,8 @@ static int ensure_dns(struct proxy *px, const struct config *cfg)
     return px->dns ? 0 : -1;
 }
 
-struct proxy *proxy_new(struct event_base *base, struct config *cfg, struct redis_link *redis,
-                        const char *dns_server, char *err, size_t errlen)
+struct proxy *proxy_new(struct event_base *base, struct config *cfg, const char *dns_server,
+                        char *err, size_t errlen)
 {
     struct proxy *px = thaw_calloc(1, sizeof(*px));
     if (!px) {
@@ -2121,8 +2165,8 @@ struct proxy *proxy_new(struct event_base *base, struct config *cfg, struct redi
     }
     px->base = base;
     px->cfg = cfg;
-    px->redis = redis;
     px->port = -1;
+    px->peers = 1;
     if (dns_server && !(px->dns_server = thaw_strdup(dns_server))) {
         snprintf(err, errlen, "out of memory");
         proxy_free(px);
@@ -2245,7 +2289,14 @@ int proxy_listen(struct proxy *px, const char *host, int port, char *err, size_t
 
 int proxy_port(const struct proxy *px) { return px->port; }
 
-void proxy_set_redis(struct proxy *px, struct redis_link *redis) { px->redis = redis; }
+void proxy_set_redis(struct proxy *px, struct redis_link *redis, const char *peer_group)
+{
+    px->redis = redis;
+    snprintf(px->peers_key, sizeof(px->peers_key), "thaw:activators:%s",
+             peer_group ? peer_group : "default");
+    if (redis)
+        redis_link_set_peers_cb(redis, on_peers, px);
+}
 
 size_t proxy_model_count(const struct proxy *px) { return px->nmodels; }
 
@@ -2401,6 +2452,9 @@ void proxy_drain(struct proxy *px, void (*done)(void *ud), void *ud)
     }
     LOG_INFO("draining", "clients=%zu timeout_ms=%ld", px->nclients,
              px->cfg->limits.drain_timeout_ms);
+    /* The others widen their share at their next count, not a TTL later. */
+    if (px->redis && redis_link_up(px->redis))
+        redis_link_leave(px->redis, px->peers_key);
     for (size_t i = 0; i < px->nmodels; i++) {
         struct model_rt *m = px->models[i];
         model_apply(m, model_sm_handle(&m->sm, MEV_DRAIN, now_ms(), m->hq.count));
@@ -2663,6 +2717,10 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
     redis_link_get_stats(px->redis, &rs);
     expo_family(out, "thaw_activator_redis_up", "gauge", "1 while the Redis link is connected.");
     expo_sample(out, "thaw_activator_redis_up", NULL, redis_link_up(px->redis) ? 1 : 0);
+    expo_family(out, "thaw_activator_peers", "gauge",
+                "Live activators (this one included) sharing each endpoint's "
+                "maxConcurrencyPerEndpoint, counted in Redis; 1 without a count in the last 5 s.");
+    expo_sample(out, "thaw_activator_peers", NULL, (double)px->peers);
     expo_family(out, "thaw_activator_redis_commands_total", "counter", "Redis commands sent.");
     expo_sample(out, "thaw_activator_redis_commands_total", NULL, (double)rs.commands);
     expo_family(out, "thaw_activator_redis_failures_total", "counter",
@@ -2684,20 +2742,21 @@ json_t *proxy_models_json(struct proxy *px)
     for (size_t i = 0; i < px->nmodels; i++) {
         const struct model_rt *m = px->models[i];
         json_t *eps = backend_to_json(m->be);
-        json_t *o = json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o*}", "name", m->name,
+        json_t *o = json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o*}", "name", m->name,
                               "state", model_state_to_str(m->sm.state), "stateForMs",
                               (json_int_t)(now - m->sm.since_ms), "held", (json_int_t)m->hq.count,
                               "inflight", (json_int_t)m->inflight, "coldStarts",
                               (json_int_t)m->sm.cold_starts, "wakeSignals",
                               (json_int_t)m->wake_signals, "lateReleased",
                               (json_int_t)m->late_released, "ok",
-                              (json_int_t)m->outcomes[OUT_OK], "endpoints", eps);
+                              (json_int_t)m->outcomes[OUT_OK], "capPerEndpoint",
+                              (json_int_t)backend_cap(m->be), "endpoints", eps);
         if (!o || json_array_append_new(arr, o) < 0) {
             json_decref(arr);
             return NULL;
         }
     }
-    json_t *root = json_pack("{s:o,s:b,s:b}", "models", arr, "draining", px->draining, "redis",
-                             redis_link_up(px->redis));
+    json_t *root = json_pack("{s:o,s:b,s:b,s:I}", "models", arr, "draining", px->draining,
+                             "redis", redis_link_up(px->redis), "peers", (json_int_t)px->peers);
     return root;
 }

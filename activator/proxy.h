@@ -51,18 +51,20 @@ enum proxy_outcome {
 
 const char *proxy_outcome_to_str(enum proxy_outcome o);
 
-/* Takes ownership of cfg (also on failure). redis may be NULL (no Redis):
- * holding and probing work the same, only the signals are not sent.
- * dns_server ("IP" or "IP:PORT", or NULL) is the nameserver backend names are
+/* Takes ownership of cfg (also on failure). Without Redis (proxy_set_redis)
+ * holding and probing work the same, only the signals are not sent and the
+ * concurrency cap is not split among peers. dns_server ("IP" or "IP:PORT", or NULL) is the nameserver backend names are
  * resolved with instead of /etc/resolv.conf's (/etc/hosts still answers
  * first). */
-struct proxy *proxy_new(struct event_base *base, struct config *cfg, struct redis_link *redis,
-                        const char *dns_server, char *err, size_t errlen);
+struct proxy *proxy_new(struct event_base *base, struct config *cfg, const char *dns_server,
+                        char *err, size_t errlen);
 /* Closes every connection and frees everything. Accepts NULL. */
 void proxy_free(struct proxy *px);
 
-/* The Redis link to use from now on (not owned; NULL: none). */
-void proxy_set_redis(struct proxy *px, struct redis_link *redis);
+/* The Redis link to use from now on (not owned; NULL: none), and the peer
+ * group whose live members share each endpoint's maxConcurrencyPerEndpoint
+ * (sorted set thaw:activators:<group>; NULL: "default"). */
+void proxy_set_redis(struct proxy *px, struct redis_link *redis, const char *peer_group);
 size_t proxy_model_count(const struct proxy *px);
 long proxy_drain_timeout_ms(const struct proxy *px);
 

@@ -29,6 +29,8 @@ struct redis_link {
     long timeout_ms;
     redis_link_state_cb cb;
     void *ud;
+    redis_link_peers_cb peers_cb;
+    void *peers_ud;
 
     redisAsyncContext *ac;
     struct redis_guard_conn guard; /* ac's reply rules: commands sent, replies due */
@@ -168,12 +170,9 @@ static void on_disconnect(const redisAsyncContext *ac, int status)
     set_down(l, status == REDIS_OK ? "closed" : "error");
 }
 
-static void on_reply(redisAsyncContext *ac, void *r, void *priv)
+/* Every reply's bookkeeping; false when it is a failure. */
+static bool account_reply(struct redis_link *l, const redisReply *reply)
 {
-    struct redis_link *l = priv;
-    redisReply *reply = r;
-    if (!l)
-        return;
     if (l->pending > 0)
         l->pending--;
     /* Replies arrive in order, so the next pending command was sent no
@@ -183,15 +182,38 @@ static void on_reply(redisAsyncContext *ac, void *r, void *priv)
         l->stats.failures++;
         if (reply)
             LOG_WARN("redis_reply_error", "err=\"%.*s\"", (int)reply->len, reply->str);
+        return false;
     }
-    (void)ac;
+    return true;
 }
 
-static int send_cmd(struct redis_link *l, int argc, const char **argv)
+static void on_reply(redisAsyncContext *ac, void *r, void *priv)
+{
+    (void)ac;
+    if (priv)
+        account_reply(priv, r);
+}
+
+static void on_peers_reply(redisAsyncContext *ac, void *r, void *priv)
+{
+    (void)ac;
+    struct redis_link *l = priv;
+    redisReply *reply = r;
+    if (!l || !account_reply(l, reply) || !l->peers_cb)
+        return;
+    if (reply->type != REDIS_REPLY_INTEGER || reply->integer < 1) {
+        l->stats.failures++;
+        LOG_WARN("redis_reply_unexpected", "command=peers type=%d", reply->type);
+        return;
+    }
+    l->peers_cb(l->peers_ud, reply->integer);
+}
+
+static int send_cmd_to(struct redis_link *l, redisCallbackFn *fn, int argc, const char **argv)
 {
     if (!l->ac || !l->connected)
         return -1;
-    if (redisAsyncCommandArgv(l->ac, on_reply, l, argc, argv, NULL) != REDIS_OK) {
+    if (redisAsyncCommandArgv(l->ac, fn, l, argc, argv, NULL) != REDIS_OK) {
         l->stats.failures++;
         return -1;
     }
@@ -201,6 +223,11 @@ static int send_cmd(struct redis_link *l, int argc, const char **argv)
     l->pending++;
     l->stats.commands++;
     return 0;
+}
+
+static int send_cmd(struct redis_link *l, int argc, const char **argv)
+{
+    return send_cmd_to(l, on_reply, argc, argv);
 }
 
 static void do_connect(struct redis_link *l)
@@ -368,6 +395,37 @@ int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t
                  (long long)(late_after_ms > 0 ? late_after_ms : 0));
     const char *argv[] = {"HSET", key, l->instance_id, val};
     return send_cmd(l, 4, argv);
+}
+
+void redis_link_set_peers_cb(struct redis_link *l, redis_link_peers_cb cb, void *ud)
+{
+    l->peers_cb = cb;
+    l->peers_ud = ud;
+}
+
+/* Redis's clock, not ours: activators on different nodes agree on who is
+ * live however their clocks drift. The key expires with its last member. */
+static const char peers_script[] =
+    "local t = redis.call('TIME') "
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) "
+    "local ttl = tonumber(ARGV[2]) "
+    "redis.call('ZADD', KEYS[1], now, ARGV[1]) "
+    "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl) "
+    "redis.call('PEXPIRE', KEYS[1], ttl * 2) "
+    "return redis.call('ZCARD', KEYS[1])";
+
+int redis_link_heartbeat(struct redis_link *l, const char *key, long ttl_ms)
+{
+    char ttl[24];
+    snprintf(ttl, sizeof(ttl), "%ld", ttl_ms);
+    const char *argv[] = {"EVAL", peers_script, "1", key, l->instance_id, ttl};
+    return send_cmd_to(l, on_peers_reply, 6, argv);
+}
+
+int redis_link_leave(struct redis_link *l, const char *key)
+{
+    const char *argv[] = {"ZREM", key, l->instance_id};
+    return send_cmd(l, 3, argv);
 }
 
 void redis_link_get_stats(const struct redis_link *l, struct redis_link_stats *out)

@@ -68,7 +68,7 @@ async function startFakeRedis({ greet = '' } = {}) {
           const n = Number(args[2]);
           const vals = args[1][0] === 'a' ? Array(n).fill(':0\r\n') : Array(n).fill(':0\r\n:0\r\n:-1\r\n');
           out = `*${vals.length}\r\n${vals.join('')}`;
-        } else if (['HSET', 'HDEL', 'PUBLISH'].includes(name)) {
+        } else if (['HSET', 'HDEL', 'PUBLISH', 'EVAL', 'ZREM'].includes(name)) {
           out = ':1\r\n';
         } else {
           out = '+OK\r\n';

@@ -58,6 +58,21 @@ static void test_spread(void **state)
     assert_int_equal(balance_pick(eps, 4, 2, &rr), -1);
 }
 
+/* A cap shared by peers: each takes the ceiling of its part, never 0. */
+static void test_share(void **state)
+{
+    (void)state;
+    assert_int_equal(balance_share(64, 1), 64);
+    assert_int_equal(balance_share(64, 0), 64);
+    assert_int_equal(balance_share(64, 2), 32);
+    assert_int_equal(balance_share(64, 3), 22);
+    assert_int_equal(balance_share(5, 2), 3);
+    assert_int_equal(balance_share(4, 4), 1);
+    assert_int_equal(balance_share(2, 7), 1);
+    assert_int_equal(balance_share(0, 3), 0); /* no cap stays no cap */
+    assert_int_equal(balance_share(4000000000u, 3), 1333333334u);
+}
+
 static void test_parse_file(void **state)
 {
     (void)state;
@@ -112,6 +127,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_pick),
         cmocka_unit_test(test_spread),
+        cmocka_unit_test(test_share),
         cmocka_unit_test(test_parse_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);

@@ -27,7 +27,8 @@ static void test_full(void **state)
         "\"models\":[{\"name\":\"m1\",\"backend\":\"http://127.0.0.1:8001\","
         "\"aliases\":[\"m1-lora-*\"],\"maxHeldRequests\":10,\"maxHeldBytes\":1000,"
         "\"holdTimeoutSeconds\":600,\"maxConcurrencyPerEndpoint\":4,\"lateAfterSeconds\":1.5,"
-        "\"dnsRefreshWakingSeconds\":0.25,\"wakeWith\":[\"m2\"]},"
+        "\"dnsRefreshWakingSeconds\":0.25,\"splitConcurrencyAcrossActivators\":false,"
+        "\"wakeWith\":[\"m2\"]},"
         "{\"name\":\"m2\",\"endpointsFile\":\"/tmp/eps\",\"hosts\":[\"m2.local\"]}]}";
     char err[256] = "";
     struct config *cfg = parse(text, err, sizeof(err));
@@ -46,6 +47,8 @@ static void test_full(void **state)
     assert_int_equal(m1->max_held_requests, 10);
     assert_int_equal(m2->max_held_requests, 1000);
     assert_int_equal(m1->max_concurrency_per_endpoint, 4);
+    assert_int_equal(m1->split_concurrency, 0);
+    assert_int_equal(m2->split_concurrency, 1); /* default: shared with peers */
     assert_int_equal(m1->late_after_ms, 1500);
     assert_int_equal(m2->late_after_ms, 0); /* FIFO unless asked */
     assert_int_equal(m1->probe_initial_ms, 10);
@@ -193,6 +196,9 @@ static void test_errors(void **state)
         {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"},{\"name\":\"b\","
          "\"backend\":\"http://b\",\"responseIdleTimeoutSeconds\":-1}]}",
          "models[1].responseIdleTimeoutSeconds: expected a number in 0.01..86400"},
+        {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\","
+         "\"splitConcurrencyAcrossActivators\":1}]}",
+         "models[0].splitConcurrencyAcrossActivators: expected true or false"},
         {"{\"limits\":{\"bodyIdleTimeoutSeconds\":7200},"
          "\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"}]}",
          "limits.bodyIdleTimeoutSeconds: expected a number in 0.01..3600"},

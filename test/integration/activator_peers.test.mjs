@@ -1,0 +1,144 @@
+// thaw-activator peers: activators sharing a Redis share each endpoint's
+// maxConcurrencyPerEndpoint, so two activators in front of one vLLM replica
+// send it at most its batch, not twice that (the excess would wait in vLLM's
+// own queue, out of the scaler's sight). Real Redis, real fake vLLM (batch 4,
+// so requests over 4 show as vllm:num_requests_waiting), two activators.
+import { after, before, test } from 'node:test';
+
+import {
+  assert, complete, parseMetrics, request, sleep, startActivator, startFakeVllm, waitUntil,
+} from './activator_lib.mjs';
+import { startRedis } from './lib/harness.mjs';
+
+const CAP = 4;
+let redis;
+let vllm;
+
+before(async () => {
+  redis = await startRedis();
+  vllm = await startFakeVllm({ model: 'm1', maxBatch: CAP, tokensPerSecond: 10, waitReady: true });
+});
+
+after(async () => {
+  await vllm?.stop();
+});
+
+function config(split) {
+  return {
+    models: [{
+      name: 'm1', backend: vllm.url, probeInitialMs: 5, probeMaxMs: 20,
+      maxConcurrencyPerEndpoint: CAP, splitConcurrencyAcrossActivators: split,
+    }],
+  };
+}
+
+/** Requests vLLM holds now: running in its batch plus waiting for a slot. */
+async function vllmLoad() {
+  const m = parseMetrics((await request(vllm.port, { path: '/metrics' })).body.toString());
+  const get = (n) => [...m].filter(([k]) => k.startsWith(n)).reduce((s, [, v]) => s + v, 0);
+  return { running: get('vllm:num_requests_running'), waiting: get('vllm:num_requests_waiting') };
+}
+
+/** Sends perActivator requests of 10 tokens (about 1 s each) through every
+ * activator at once and samples vLLM's load until all are answered. */
+async function burst(acts, perActivator) {
+  const reqs = acts.flatMap((a) => Array.from({ length: perActivator },
+    () => complete(a.port, 'm1', { maxTokens: 10 })));
+  let done = false;
+  const all = Promise.all(reqs).finally(() => { done = true; });
+  let peak = 0, peakRunning = 0, peakWaiting = 0;
+  while (!done) {
+    const l = await vllmLoad();
+    peak = Math.max(peak, l.running + l.waiting);
+    peakRunning = Math.max(peakRunning, l.running);
+    peakWaiting = Math.max(peakWaiting, l.waiting);
+    await sleep(50);
+  }
+  const res = await all;
+  assert.deepEqual(res.map((r) => r.status), res.map(() => 200));
+  return { peak, peakRunning, peakWaiting };
+}
+
+async function peersOf(a) {
+  return (await a.models()).peers;
+}
+
+test('two activators split the cap: vLLM never gets more than its batch; the split ends with a peer and with Redis', async () => {
+  const a = await startActivator(config(true), { redisUrl: redis.url, instanceId: 'act-a' });
+  const b = await startActivator(config(true), { redisUrl: redis.url, instanceId: 'act-b' });
+  let bStopped = false;
+  try {
+    // Warm the model on both (first request wakes it; the backend is up).
+    assert.equal((await complete(a.port, 'm1')).status, 200);
+    assert.equal((await complete(b.port, 'm1')).status, 200);
+    await waitUntil(async () => (await peersOf(a)) === 2 && (await peersOf(b)) === 2, 5000,
+      { what: 'both activators count 2 peers' });
+    assert.equal((await a.model('m1')).capPerEndpoint, CAP / 2);
+    assert.equal(parseMetrics(await a.metricsText()).get('thaw_activator_peers'), 2);
+    const members = (await redis.cli('ZRANGE', 'thaw:activators:default', '0', '-1')).split('\n');
+    assert.deepEqual(members.sort(), ['act-a', 'act-b']);
+
+    // 8 at once through each: each sends 2, queues the rest; vLLM runs 4 and
+    // queues none.
+    const split = await burst([a, b], 8);
+    assert.equal(split.peakWaiting, 0, `vLLM queued requests behind its batch: ${JSON.stringify(split)}`);
+    assert.ok(split.peak <= CAP, JSON.stringify(split));
+    assert.equal(split.peakRunning, CAP, `both activators used their share: ${JSON.stringify(split)}`);
+
+    // The same burst with the split off (reloaded config): each activator
+    // sends its full cap, so vLLM gets twice its batch and queues half.
+    a.writeConfig(config(false));
+    b.writeConfig(config(false));
+    a.proc.proc.kill('SIGHUP');
+    b.proc.proc.kill('SIGHUP');
+    await waitUntil(async () => (await a.model('m1')).capPerEndpoint === CAP &&
+      (await b.model('m1')).capPerEndpoint === CAP, 5000, { what: 'split off after reload' });
+    const unsplit = await burst([a, b], 8);
+    assert.ok(unsplit.peakWaiting >= CAP / 2, `without the split vLLM should queue: ${JSON.stringify(unsplit)}`);
+
+    a.writeConfig(config(true));
+    a.proc.proc.kill('SIGHUP');
+    await waitUntil(async () => (await a.model('m1')).capPerEndpoint === CAP / 2, 5000,
+      { what: 'split on again' });
+
+    // A peer that drains leaves at once: the other takes the whole cap
+    // within a heartbeat, not a TTL later.
+    const t0 = Date.now();
+    await b.stop();
+    bStopped = true;
+    await waitUntil(async () => (await a.model('m1')).capPerEndpoint === CAP, 3000,
+      { what: 'whole cap after the peer left' });
+    assert.ok(Date.now() - t0 < 3000);
+    assert.match(a.proc.output(), /event=peers_changed peers=1 was=2 reason=counted/);
+  } finally {
+    if (!bStopped) await b.stop();
+    await a.stop();
+  }
+});
+
+test('Redis gone: after 5 s without a count each activator takes the whole cap again; held requests go out', async () => {
+  const a = await startActivator(config(true), { redisUrl: redis.url, instanceId: 'act-c' });
+  const b = await startActivator(config(true), { redisUrl: redis.url, instanceId: 'act-d' });
+  try {
+    assert.equal((await complete(a.port, 'm1')).status, 200);
+    await waitUntil(async () => (await peersOf(a)) === 2, 5000, { what: 'two peers' });
+    // A queue at the split cap: 2 sent, 4 waiting at the activator.
+    const reqs = Array.from({ length: 6 }, () => complete(a.port, 'm1', { maxTokens: 80 }));
+    await waitUntil(async () => (await a.model('m1')).held === 4, 3000, { what: '4 queued at the share' });
+    await redis.stop();
+    const t0 = Date.now();
+    // The queued requests go out once the split ends, long before the first
+    // two (8 s each) finish.
+    await waitUntil(async () => (await a.model('m1')).held === 0, 9000, { what: 'queue sent after the split ended' });
+    const waited = Date.now() - t0;
+    assert.ok(waited >= 3000 && waited < 8000, `split ended after ${waited} ms`);
+    assert.equal((await a.model('m1')).capPerEndpoint, CAP);
+    assert.match(a.proc.output(), /event=peers_changed peers=1 was=2 reason=no_recent_count/);
+    const res = await Promise.all(reqs);
+    assert.deepEqual(res.map((r) => r.status), res.map(() => 200));
+  } finally {
+    await b.stop();
+    await a.stop();
+    await redis.restart();
+  }
+});
