@@ -35,6 +35,8 @@ struct settings {
     char *dns_server;
     long config_poll_ms;
     char *peer_group;
+    char *scaler_wake_url;
+    long scaler_wake_timeout_ms;
 };
 
 #define S(f) offsetof(struct settings, f)
@@ -60,6 +62,12 @@ static const struct opt_def option_defs[] = {
      "activators in the same group (and Redis) share each endpoint's "
      "maxConcurrencyPerEndpoint: each takes ceil(cap / live members); give activators in "
      "front of other backends a group of their own", NULL},
+    {"scaler-wake-url", OPT_STRING, S(scaler_wake_url), NULL, 0, 0,
+     "http://HOST:PORT of thaw-scaler's HTTP port (a headless Service: every address); each "
+     "wake is also POSTed there, and renewed every second while Redis is down (unset: wakes "
+     "go through Redis only)", NULL},
+    {"scaler-wake-timeout-ms", OPT_INT, S(scaler_wake_timeout_ms), "2000", 10, 600000,
+     "one wake POST's limit, connect to status line", NULL},
     {"dns-server", OPT_STRING, S(dns_server), NULL, 0, 0,
      "nameserver IP[:PORT] for backend host names instead of /etc/resolv.conf's (unset: the "
      "system's)", NULL},
@@ -257,6 +265,13 @@ int main(int argc, char **argv)
     app.px = proxy_new(app.base, cfg, app.s.dns_server, err, sizeof(err));
     if (!app.px) {
         fprintf(stderr, "thaw-activator: %s\n", err);
+        goto out;
+    }
+    if (app.s.scaler_wake_url &&
+        proxy_set_scaler_wake(app.px, app.s.scaler_wake_url, app.s.scaler_wake_timeout_ms, err,
+                              sizeof(err)) < 0) {
+        fprintf(stderr, "thaw-activator: --scaler-wake-url: %s\n", err);
+        rc = 2;
         goto out;
     }
     if (app.s.redis_url) {

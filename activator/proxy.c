@@ -27,6 +27,7 @@
 #include "model_sm.h"
 #include "redis_guard.h"
 #include "redis_link.h"
+#include "scaler_wake.h"
 #include "route.h"
 
 #define TICK_MS 100
@@ -177,6 +178,7 @@ struct proxy {
     struct evdns_base *dns;
     char *dns_server; /* nameserver instead of resolv.conf's, or NULL */
     struct redis_link *redis;
+    struct scaler_wake *scaler_wake; /* wakes straight to thaw-scaler, or NULL */
     struct evconnlistener *listener;
     struct event *accept_resume; /* re-enables accepting after an EMFILE pause */
     /* No local socket for an upstream connection (EMFILE, ENOBUFS, no
@@ -1212,6 +1214,9 @@ static void send_wake(struct model_rt *m)
 {
     struct proxy *px = m->px;
     m->wakes++;
+    /* Straight to the scaler too, so Redis is not the one path a wake has. */
+    if (px->scaler_wake)
+        scaler_wake_send(px->scaler_wake, m->name);
     if (px->redis && redis_link_wake(px->redis, m->name) == 0) {
         m->wake_signals++;
         m->wake_pending = false;
@@ -2085,6 +2090,12 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
             struct model_rt *m = px->models[i];
             /* A wake that could not be sent still matters while the model
              * has not come up. */
+            /* Without Redis the scaler does not see the held count that
+             * keeps a waking model wanted: the direct wake stands in for it,
+             * renewed as often. */
+            if (px->scaler_wake && m->sm.state == MODEL_WAKING && m->hq.count > 0 &&
+                !(px->redis && redis_link_up(px->redis)))
+                scaler_wake_send(px->scaler_wake, m->name);
             if (m->wake_pending && px->redis && redis_link_up(px->redis)) {
                 if (m->sm.state == MODEL_WAKING)
                     send_wake(m);
@@ -2126,10 +2137,9 @@ static bool needs_dns(const struct config *cfg)
     return false;
 }
 
-static int ensure_dns(struct proxy *px, const struct config *cfg)
+/* A resolver on the nameserver given (--dns-server) or resolv.conf's. */
+static int create_dns(struct proxy *px)
 {
-    if (px->dns || !needs_dns(cfg))
-        return 0;
     if (px->dns_server) {
         px->dns = evdns_base_new(px->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
         if (!px->dns)
@@ -2152,6 +2162,28 @@ static int ensure_dns(struct proxy *px, const struct config *cfg)
             evdns_base_load_hosts(px->dns, NULL);
     }
     return px->dns ? 0 : -1;
+}
+
+static int ensure_dns(struct proxy *px, const struct config *cfg)
+{
+    if (px->dns || !needs_dns(cfg))
+        return 0;
+    return create_dns(px);
+}
+
+int proxy_set_scaler_wake(struct proxy *px, const char *url, long timeout_ms, char *err,
+                          size_t errlen)
+{
+    if (scaler_wake_url_needs_dns(url) && !px->dns && create_dns(px) < 0) {
+        snprintf(err, errlen, "could not set up DNS resolution");
+        return -1;
+    }
+    struct scaler_wake *sw = scaler_wake_new(px->base, px->dns, url, timeout_ms, err, errlen);
+    if (!sw)
+        return -1;
+    scaler_wake_free(px->scaler_wake);
+    px->scaler_wake = sw;
+    return 0;
 }
 
 struct proxy *proxy_new(struct event_base *base, struct config *cfg, const char *dns_server,
@@ -2235,6 +2267,7 @@ void proxy_free(struct proxy *px)
         event_free(px->tick);
     if (px->drain_timer)
         event_free(px->drain_timer);
+    scaler_wake_free(px->scaler_wake); /* cancels its lookups: before the resolver */
     if (px->dns)
         evdns_base_free(px->dns, 0);
     thaw_free(px->dns_server);
@@ -2717,6 +2750,19 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
     redis_link_get_stats(px->redis, &rs);
     expo_family(out, "thaw_activator_redis_up", "gauge", "1 while the Redis link is connected.");
     expo_sample(out, "thaw_activator_redis_up", NULL, redis_link_up(px->redis) ? 1 : 0);
+    struct scaler_wake_stats ws;
+    scaler_wake_get_stats(px->scaler_wake, &ws);
+    expo_family(out, "thaw_activator_scaler_wakes_total", "counter",
+                "Wake posts straight to thaw-scaler (--scaler-wake-url), one per scaler address, "
+                "by result (dropped: over the in-flight bound; unresolved: the host did not "
+                "resolve).");
+    static const char *const wake_results[] = {"sent", "failed", "dropped", "unresolved"};
+    const uint64_t wake_counts[] = {ws.sent, ws.failed, ws.dropped, ws.unresolved};
+    for (size_t i = 0; i < 4; i++) {
+        char lb[40];
+        snprintf(lb, sizeof(lb), "result=\"%s\"", wake_results[i]);
+        expo_sample(out, "thaw_activator_scaler_wakes_total", lb, (double)wake_counts[i]);
+    }
     expo_family(out, "thaw_activator_peers", "gauge",
                 "Live activators (this one included) sharing each endpoint's "
                 "maxConcurrencyPerEndpoint, counted in Redis; 1 without a count in the last 5 s.");

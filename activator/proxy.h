@@ -65,6 +65,12 @@ void proxy_free(struct proxy *px);
  * group whose live members share each endpoint's maxConcurrencyPerEndpoint
  * (sorted set thaw:activators:<group>; NULL: "default"). */
 void proxy_set_redis(struct proxy *px, struct redis_link *redis, const char *peer_group);
+/* Sends every wake straight to thaw-scaler too (POST /wake to each address
+ * of url, activator/scaler_wake.h), and while Redis is down renews it every
+ * second for each waking model with held requests. Returns 0, or -1 with err
+ * (bad URL, no resolver). */
+int proxy_set_scaler_wake(struct proxy *px, const char *url, long timeout_ms, char *err,
+                          size_t errlen);
 size_t proxy_model_count(const struct proxy *px);
 long proxy_drain_timeout_ms(const struct proxy *px);
 

@@ -15,6 +15,7 @@
 #include <event2/event.h>
 #include <event2/http.h>
 #include <event2/keyvalq_struct.h>
+#include <jansson.h>
 
 #include "alloc.h"
 #include "clock.h"
@@ -140,6 +141,7 @@ struct app {
     struct event *tls_timer;
     bool queue_in_flight, held_in_flight, stopping;
     int64_t last_gc_ms;
+    uint64_t http_wakes, http_wakes_refused;
 };
 
 /* ---- sources ----------------------------------------------------------- */
@@ -254,14 +256,52 @@ static long resident_bytes(void)
     return rss * sysconf(_SC_PAGESIZE);
 }
 
+static const char *reason_phrase(int code)
+{
+    switch (code) {
+    case 200:
+        return "OK";
+    case 400:
+        return "Bad Request";
+    case 405:
+        return "Method Not Allowed";
+    default:
+        return "Service Unavailable";
+    }
+}
+
 static void reply(struct evhttp_request *req, int code, const char *type, struct evbuffer *body)
 {
     evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type", type);
-    evhttp_send_reply(req, code, code == 200 ? "OK" : "Service Unavailable", body);
+    evhttp_send_reply(req, code, reason_phrase(code), body);
+}
+
+/* A short text answer (evhttp_send_error drops our headers, e.g. Allow). */
+static void reply_text(struct evhttp_request *req, int code, const char *allow, const char *text)
+{
+    struct evbuffer *out = evbuffer_new();
+    if (out)
+        evbuffer_add_printf(out, "%s\n", text);
+    if (allow)
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Allow", allow);
+    reply(req, code, "text/plain", out);
+    evbuffer_free(out);
+}
+
+/* The read-only paths answer GET and HEAD; POST is allowed for /wake only. */
+static bool refuse_unless_get(struct evhttp_request *req)
+{
+    enum evhttp_cmd_type cmd = evhttp_request_get_command(req);
+    if (cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD)
+        return false;
+    reply_text(req, 405, "GET, HEAD", "method not allowed: GET or HEAD");
+    return true;
 }
 
 static void http_metrics(struct evhttp_request *req, void *arg)
 {
+    if (refuse_unless_get(req))
+        return;
     struct app *app = arg;
     struct evbuffer *out = evbuffer_new();
     if (!out) {
@@ -284,6 +324,12 @@ static void http_metrics(struct evhttp_request *req, void *arg)
                 (double)ps.queries);
     expo_sample(out, "thaw_scaler_source_round_trips_total", "service=\"redis\"",
                 (double)rs.round_trips);
+    expo_family(out, "thaw_scaler_http_wakes_total", "counter",
+                "POST /wake requests from activators (the wake path that does not need Redis), "
+                "by result.");
+    expo_sample(out, "thaw_scaler_http_wakes_total", "result=\"ok\"", (double)app->http_wakes);
+    expo_sample(out, "thaw_scaler_http_wakes_total", "result=\"refused\"",
+                (double)app->http_wakes_refused);
     expo_family(out, "thaw_scaler_redis_commands_total", "counter",
                 "Redis commands sent in all batches.");
     expo_sample(out, "thaw_scaler_redis_commands_total", NULL, (double)rs.commands);
@@ -306,6 +352,8 @@ static void http_metrics(struct evhttp_request *req, void *arg)
 
 static void http_healthz(struct evhttp_request *req, void *arg)
 {
+    if (refuse_unless_get(req))
+        return;
     struct evbuffer *out = evbuffer_new();
     if (out)
         evbuffer_add_printf(out, "ok\n");
@@ -315,6 +363,8 @@ static void http_healthz(struct evhttp_request *req, void *arg)
 
 static void http_readyz(struct evhttp_request *req, void *arg)
 {
+    if (refuse_unless_get(req))
+        return;
     struct app *app = arg;
     struct evbuffer *out = evbuffer_new();
     if (out)
@@ -325,6 +375,8 @@ static void http_readyz(struct evhttp_request *req, void *arg)
 
 static void http_models(struct evhttp_request *req, void *arg)
 {
+    if (refuse_unless_get(req))
+        return;
     struct app *app = arg;
     struct evbuffer *out = evbuffer_new();
     if (!out) {
@@ -333,6 +385,56 @@ static void http_models(struct evhttp_request *req, void *arg)
     }
     scaler_state_write_models_json(app->st, out, clock_mono_ms());
     evbuffer_add(out, "\n", 1);
+    reply(req, 200, "application/json", out);
+    evbuffer_free(out);
+}
+
+/* A model name as the activators send it: 1-253 printable bytes. */
+static bool wake_model_valid(const char *model)
+{
+    size_t n = strlen(model);
+    if (n == 0 || n > 253)
+        return false;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)model[i];
+        if (c <= ' ' || c == 0x7f)
+            return false;
+    }
+    return true;
+}
+
+/* POST /wake?model=NAME: the activators' wake signal without Redis (the same
+ * as a thaw:wake message), so a model at zero can still be woken while Redis
+ * is down. */
+static void http_wake(struct evhttp_request *req, void *arg)
+{
+    struct app *app = arg;
+    if (evhttp_request_get_command(req) != EVHTTP_REQ_POST) {
+        app->http_wakes_refused++;
+        reply_text(req, 405, "POST", "use POST /wake?model=NAME");
+        return;
+    }
+    const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
+    struct evkeyvalq params = {0};
+    const char *model = NULL;
+    if (query && evhttp_parse_query_str(query, &params) == 0)
+        model = evhttp_find_header(&params, "model");
+    if (!model || !wake_model_valid(model)) {
+        app->http_wakes_refused++;
+        evhttp_clear_headers(&params);
+        reply_text(req, 400, NULL, "want POST /wake?model=NAME (1-253 printable bytes)");
+        return;
+    }
+    app->http_wakes++;
+    size_t targets = scaler_service_wake(app->svc, model);
+    struct evbuffer *out = evbuffer_new();
+    json_t *o = json_pack("{s:s,s:I}", "model", model, "targets", (json_int_t)targets);
+    char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    if (out && text)
+        evbuffer_add_printf(out, "%s\n", text);
+    free(text); /* jansson's allocator */
+    json_decref(o);
+    evhttp_clear_headers(&params);
     reply(req, 200, "application/json", out);
     evbuffer_free(out);
 }
@@ -403,11 +505,12 @@ static int listen_http(struct app *app, int *port, char *err, size_t errlen)
     evhttp_set_max_headers_size(app->http, 16384);
     evhttp_set_max_body_size(app->http, 65536);
     evhttp_set_timeout(app->http, 30);
-    evhttp_set_allowed_methods(app->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD);
+    evhttp_set_allowed_methods(app->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST);
     evhttp_set_cb(app->http, "/metrics", http_metrics, app);
     evhttp_set_cb(app->http, "/healthz", http_healthz, app);
     evhttp_set_cb(app->http, "/readyz", http_readyz, app);
     evhttp_set_cb(app->http, "/models", http_models, app);
+    evhttp_set_cb(app->http, "/wake", http_wake, app);
     evhttp_set_gencb(app->http, http_not_found, app);
     struct evhttp_bound_socket *sock = evhttp_bind_socket_with_handle(app->http, host,
                                                                       (ev_uint16_t)*port);

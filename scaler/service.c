@@ -425,7 +425,7 @@ void scaler_service_on_change(void *ud, struct target *t, const struct policy_de
     push_model(svc, target_spec(t)->model, t, now->active, &svc->pushes_change);
 }
 
-void scaler_service_wake(struct scaler_service *svc, const char *model)
+size_t scaler_service_wake(struct scaler_service *svc, const char *model)
 {
     svc->in_wake = true;
     size_t n = scaler_state_wake(svc->st, model, clock_mono_ms());
@@ -433,6 +433,7 @@ void scaler_service_wake(struct scaler_service *svc, const char *model)
     push_model(svc, model, NULL, true, &svc->pushes_wake);
     char q[300];
     LOG_INFO("wake", "model=%s targets=%zu", log_quote(q, sizeof(q), model), n);
+    return n;
 }
 
 /* ---- lifecycle --------------------------------------------------------- */

@@ -292,7 +292,7 @@ async function main() {
     let activator = null;
     if (!opt.noActivator) {
       activator = await startActivator({
-        dir: work, redisUrl: redis.url,
+        dir: work, redisUrl: redis.url, scalerWakeUrl: scaler.httpBase,
         models: models.map((name) => ({ name, endpointsFile: path.join(endpointsDir, `${name}.endpoints`) })),
         // The cap is the replicas' batch, as docs/activator.md recommends: requests over it
         // wait in the activator, where thaw-scaler sees them as queued; those waiting

@@ -143,7 +143,7 @@ export async function activatorAvailable() {
  * file. models: [{name, endpointsFile}]; modelDefaults: extra per-model keys.
  * Resolves to {proc, port, adminPort, base, adminBase, configFile, stop()}.
  */
-export async function startActivator({ dir, redisUrl, models, modelDefaults = {}, limits = {} }) {
+export async function startActivator({ dir, redisUrl, scalerWakeUrl, models, modelDefaults = {}, limits = {} }) {
   const configFile = path.join(dir, 'activator.json');
   const config = {
     limits,
@@ -154,6 +154,8 @@ export async function startActivator({ dir, redisUrl, models, modelDefaults = {}
   const proc = await spawnService(binPath('thaw-activator'), [
     '--config', configFile, '--listen', '127.0.0.1:0', '--admin-listen', '127.0.0.1:0',
     '--redis-url', redisUrl, '--instance-id', 'demo-activator',
+    // As in the base manifests: wakes also go straight to the scaler.
+    ...(scalerWakeUrl ? ['--scaler-wake-url', scalerWakeUrl] : []),
   ], { name: 'thaw-activator', readyLogRegex: /event=listening proxy_port=\d+ admin_port=\d+/, timeoutMs: 15000 });
   const m = await proc.waitForLog(/event=listening proxy_port=(\d+) admin_port=(\d+)/);
   const port = Number(m[1]);

@@ -392,6 +392,56 @@ test('DNS backend, waking: the name is re-resolved every dnsRefreshWakingSeconds
   }
 });
 
+test('--scaler-wake-url with a name: every address it resolves to (each scaler replica) gets POST /wake', async () => {
+  const dns = await startDns('scaler.thaw.test');
+  dns.addrs = ['127.0.0.1', '127.0.0.2'];
+  const port = await freePort();
+  const hits = [];
+  const servers = await Promise.all(dns.addrs.map((ip) => new Promise((resolve, reject) => {
+    const srv = http.createServer((req, res) => {
+      hits.push({ ip, method: req.method, url: req.url });
+      res.writeHead(200, { 'content-type': 'application/json' });
+      res.end('{"targets":1}\n');
+    });
+    srv.on('error', reject);
+    srv.listen(port, ip, () => resolve(srv));
+  })));
+  const coldPort = await freePort(); // nothing listens: the model stays cold
+  const act = await startActivator(
+    { models: [{ name: 'org/m1', backend: `http://127.0.0.1:${coldPort}`, holdTimeoutSeconds: 3, ...fast }] },
+    { args: ['--dns-server', `127.0.0.1:${dns.port}`, '--scaler-wake-url', `http://scaler.thaw.test:${port}`] });
+  try {
+    const pending = complete(act.port, 'org/m1', { timeoutMs: 10000 });
+    await waitUntil(() => new Set(hits.map((h) => h.ip)).size === 2, 3000, { what: 'both addresses posted' });
+    for (const h of hits) {
+      assert.equal(h.method, 'POST');
+      assert.equal(h.url, '/wake?model=org%2Fm1');
+    }
+    // No Redis: the wake is renewed every second while the request waits.
+    await sleep(2000);
+    assert.ok(hits.length >= 4, `${hits.length} posts in ~2 s`);
+    const m = await act.metrics();
+    assert.equal(metricSum(m, 'thaw_activator_scaler_wakes_total', { result: 'sent' }), hits.length);
+    assert.equal(metricSum(m, 'thaw_activator_scaler_wakes_total', { result: 'failed' }), 0);
+    assert.equal((await pending).status, 504, 'nothing came up: the hold deadline answers');
+
+    // One replica gone: its post fails and is counted, the other still gets it.
+    await new Promise((resolve) => servers[1].close(resolve));
+    const before = hits.length;
+    const again = complete(act.port, 'org/m1', { timeoutMs: 10000 });
+    await waitUntil(async () => metricSum(await act.metrics(), 'thaw_activator_scaler_wakes_total',
+      { result: 'failed' }) >= 1, 3000, { what: 'the refused post counted' });
+    assert.ok(hits.length > before);
+    assert.match(act.proc.output(), /event=scaler_wake_failed addr=127\.0\.0\.2:\d+ reason=connect_or_io_error/);
+    assert.equal((await again).status, 504);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await Promise.all(servers.map((s) => new Promise((resolve) => s.close(() => resolve()))));
+    await dns.close();
+  }
+});
+
 test('SIGHUP reload: models added and changed without dropping connections; a bad file is rejected', async () => {
   const [p1, p2] = [await freePort(), await freePort()];
   const f1 = await startFakeVllm({ model: 'a', port: p1, waitReady: true });

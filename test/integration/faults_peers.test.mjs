@@ -236,6 +236,57 @@ test('thaw-scaler restarted under a KEDA StreamIsActive client: it reconnects an
   }
 });
 
+test('Redis down: a cold model still wakes; the activator posts the wake to thaw-scaler and renews it until the model is ready', async (t) => {
+  const port = await stablePort();
+  const cfg = { models: [{ name: 'fp-d', backend: `http://127.0.0.1:${port}`, probeInitialMs: 20,
+    probeMaxMs: 200, holdTimeoutSeconds: 120 }] };
+  const direct = await startActivator(cfg, { redisUrl: redis.url, instanceId: 'act-direct',
+    args: ['--redis-timeout-ms', '500', '--scaler-wake-url', `http://127.0.0.1:${scaler.httpPort}`] });
+  const ref = scaledObjectRef('fp-so-d', { model: 'fp-d' });
+  const k = kedaPushClient(scaler.address, ref);
+  const wakes = async (result) => metricSum(await direct.metrics(), 'thaw_activator_scaler_wakes_total', { result });
+  let fd = null;
+  try {
+    await waitUntil(() => k.open() === 1, 5000, { what: 'stream open' });
+    await redis.kill();
+    await waitUntil(async () => metricSum(await direct.metrics(), 'thaw_activator_redis_up') === 0, 5000,
+      { what: 'the activator sees Redis down' });
+
+    // The wake reaches KEDA's stream without Redis.
+    const tReq = Date.now();
+    const pending = Array.from({ length: 3 }, (_, i) => complete(direct.port, 'fp-d', { prompt: `d${i}`, timeoutMs: 60000 }));
+    const push = await k.waitPush((p) => p.result === true, 3000);
+    t.diagnostic(`wake pushed ${push.t - tReq} ms after the request, with Redis down`);
+    // At once, not at the next once-a-second renewal.
+    assert.ok(push.t - tReq < 300, `wake pushed ${push.t - tReq} ms after the request`);
+    await direct.proc.waitForLog(/event=wake_signal_deferred model=fp-d/, 1000);
+
+    // Renewed every second: past the scaler's held-fresh-seconds (5 s) a
+    // replica is still wanted while the weights load.
+    await sleep(7000);
+    assert.deepEqual(await scaler.client.isActive(ref), { result: true });
+    assert.ok((await getDesired(scaler.client, ref)).value >= 1);
+    const sent = await wakes('sent');
+    assert.ok(sent >= 6, `renewed about once a second: ${sent} posts in ~7 s`);
+    assert.equal(await wakes('failed'), 0);
+    assert.ok(sampleValue(await scaler.metrics(), 'thaw_scaler_http_wakes_total', { result: 'ok' }) >= sent);
+
+    // The replica is up: the held requests are served and the renewals stop.
+    fd = await startFakeVllm({ model: 'fp-d', port, loadDelayMs: 200 });
+    assertServed(await Promise.all(pending), 'fp-d');
+    const after = await wakes('sent');
+    await sleep(2500);
+    assert.equal(await wakes('sent'), after, 'no wake posts once the model is ready');
+    const acc = await accountedFor(direct);
+    assert.deepEqual(acc.outcomes, { ok: 3 });
+  } finally {
+    await k.stop();
+    await fd?.stop();
+    await direct.stop();
+    await redis.restart();
+  }
+});
+
 /** CPU ticks (utime + stime, 1/100 s) used by pid so far. */
 function cpuTicks(pid) {
   const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');

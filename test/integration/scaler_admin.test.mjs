@@ -170,10 +170,46 @@ test('/healthz and /readyz answer 200; other paths 404; POST refused', async () 
   const r = await scaler.get('/readyz');
   assert.equal(r.status, 200);
   assert.equal((await scaler.get('/nope')).status, 404);
-  // libevent answers a method outside the allowed set with 501.
-  assert.ok([405, 501].includes((await scaler.get('/metrics', { method: 'POST', body: 'x' })).status));
+  // POST is for /wake only; PUT is outside what libevent lets through (501).
+  for (const p of ['/metrics', '/healthz', '/readyz', '/models']) {
+    const res = await scaler.get(p, { method: 'POST', body: 'x' });
+    assert.equal(res.status, 405, p);
+    assert.equal(res.headers.get('allow'), 'GET, HEAD', p);
+  }
+  assert.equal((await scaler.get('/metrics', { method: 'PUT', body: 'x' })).status, 501);
   const head = await scaler.get('/healthz', { method: 'HEAD' });
   assert.equal(head.status, 200);
+});
+
+test('POST /wake?model=: the wake without Redis; pushed on the model\'s streams, counted; bad requests refused', async () => {
+  const ref = scaledObjectRef('wake-http', { model: 'wake-http-m' });
+  const stream = client.streamIsActive(ref);
+  try {
+    await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_active_streams') >= 1,
+      5000, { what: 'stream open' });
+    const mark = scaler.proc.mark();
+    const res = await scaler.get('/wake?model=wake-http-m', { method: 'POST' });
+    assert.equal(res.status, 200);
+    assert.deepEqual(JSON.parse(res.text), { model: 'wake-http-m', targets: 1 });
+    await stream.waitFor((m) => m.result === true, 1000);
+    await scaler.proc.waitForLog(/event=wake model="?wake-http-m"? targets=1/, 1000, { since: mark });
+    assert.deepEqual(await client.isActive(ref), { result: true });
+    // Percent-encoded names are decoded; a model nobody scales is harmless.
+    const other = await scaler.get('/wake?model=a%2Fb%3Ac', { method: 'POST' });
+    assert.deepEqual(JSON.parse(other.text), { model: 'a/b:c', targets: 0 });
+    const get = await scaler.get('/wake?model=wake-http-m');
+    assert.equal(get.status, 405);
+    assert.equal(get.headers.get('allow'), 'POST');
+    for (const q of ['', '?model=', '?other=1', `?model=${'x'.repeat(254)}`, '?model=a%0Ab', '?model=a%20b']) {
+      assert.equal((await scaler.get(`/wake${q}`, { method: 'POST' })).status, 400, q);
+    }
+    const m = await scaler.metrics();
+    assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'ok' }), 2);
+    assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'refused' }), 7);
+    assert.equal(sampleValue(m, 'thaw_scaler_wake_messages_total', { model: 'wake-http-m' }), 1);
+  } finally {
+    stream.cancel();
+  }
 });
 
 test('SIGTERM with streams open: they end with status OK and the process exits 0', async () => {
