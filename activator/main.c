@@ -37,6 +37,7 @@ struct settings {
     char *peer_group;
     char *scaler_wake_url;
     long scaler_wake_timeout_ms;
+    long access_log;
 };
 
 #define S(f) offsetof(struct settings, f)
@@ -68,6 +69,9 @@ static const struct opt_def option_defs[] = {
      "go through Redis only)", NULL},
     {"scaler-wake-timeout-ms", OPT_INT, S(scaler_wake_timeout_ms), "2000", 10, 600000,
      "one wake POST's limit, connect to status line", NULL},
+    {"access-log", OPT_INT, S(access_log), "0", 0, 1,
+     "1: log one event=access line per finished request (model, request line, status, "
+     "outcome, client, endpoint, held and response-head times, X-Request-Id)", NULL},
     {"dns-server", OPT_STRING, S(dns_server), NULL, 0, 0,
      "nameserver IP[:PORT] for backend host names instead of /etc/resolv.conf's (unset: the "
      "system's)", NULL},
@@ -267,6 +271,7 @@ int main(int argc, char **argv)
         fprintf(stderr, "thaw-activator: %s\n", err);
         goto out;
     }
+    proxy_set_access_log(app.px, app.s.access_log != 0);
     if (app.s.scaler_wake_url &&
         proxy_set_scaler_wake(app.px, app.s.scaler_wake_url, app.s.scaler_wake_timeout_ms, err,
                               sizeof(err)) < 0) {

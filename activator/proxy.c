@@ -104,6 +104,9 @@ struct req {
     bool head_timer_on; /* responseHeaderTimeout armed for the current send */
     int64_t t_start_us;
     int64_t t_dispatch_us;
+    int64_t t_head_us;  /* response head sent to the client, 0 if not */
+    int status_sent;    /* the status the client got (ours or the backend's), 0: none */
+    char ep_label[48];  /* the last endpoint tried (access log), "" if none */
 };
 
 struct client {
@@ -171,6 +174,7 @@ struct old_config {
 struct proxy {
     struct event_base *base;
     struct config *cfg;
+    bool access_log; /* one event=access line per request */
     struct old_config *old_cfgs;
     struct model_rt **models;
     size_t nmodels;
@@ -382,12 +386,97 @@ static void req_free(struct req *r)
     thaw_free(r);
 }
 
+/* The request line's method and target, from the upstream head (empty when
+ * the request ended before its head was read). */
+static void request_line(const struct req *r, char *method, size_t mlen, char *target,
+                         size_t tlen)
+{
+    method[0] = target[0] = '\0';
+    if (!r->head)
+        return;
+    char line[600];
+    ev_ssize_t n = evbuffer_copyout(r->head, line, sizeof(line) - 1);
+    line[n > 0 ? (size_t)n : 0] = '\0';
+    char *eol = strpbrk(line, "\r\n");
+    if (eol)
+        *eol = '\0';
+    char *sp1 = strchr(line, ' ');
+    if (!sp1)
+        return;
+    *sp1 = '\0';
+    char *sp2 = strrchr(sp1 + 1, ' ');
+    if (sp2)
+        *sp2 = '\0';
+    snprintf(method, mlen, "%s", line);
+    snprintf(target, tlen, "%s", sp1 + 1); /* long targets are cut: a log line, not a record */
+}
+
+/* The client's X-Request-Id, if its head (as forwarded) has one. */
+static void request_id(const struct req *r, char *out, size_t outlen)
+{
+    out[0] = '\0';
+    if (!r->head)
+        return;
+    struct evbuffer_ptr p = evbuffer_search(r->head, "\r\n", 2, NULL);
+    while (p.pos >= 0) {
+        char name[14];
+        if (evbuffer_ptr_set(r->head, &p, 2, EVBUFFER_PTR_ADD) < 0 ||
+            evbuffer_copyout_from(r->head, &p, name, sizeof(name)) < (ev_ssize_t)sizeof(name))
+            return;
+        if (strncasecmp(name, "x-request-id:", 13) == 0) {
+            char val[130];
+            struct evbuffer_ptr v = p;
+            evbuffer_ptr_set(r->head, &v, 13, EVBUFFER_PTR_ADD);
+            ev_ssize_t n = evbuffer_copyout_from(r->head, &v, val, sizeof(val) - 1);
+            if (n <= 0)
+                return;
+            val[n] = '\0';
+            char *end = strpbrk(val, "\r\n");
+            if (end)
+                *end = '\0';
+            char *start = val;
+            while (*start == ' ' || *start == '\t')
+                start++;
+            snprintf(out, outlen, "%s", start);
+            return;
+        }
+        p = evbuffer_search(r->head, "\r\n", 2, &p);
+    }
+}
+
+/* One line per finished request, like a web server's access log. Times are
+ * from the first byte of the request: head_ms is what the client waited for
+ * the response to start, holding included. */
+static void log_access(const struct req *r, enum proxy_outcome o)
+{
+    const struct client *cl = r->cl;
+    char method[24], target[300], id[130], qtarget[320], qid[150], qmodel[300], qmethod[40];
+    request_line(r, method, sizeof(method), target, sizeof(target));
+    request_id(r, id, sizeof(id));
+    int64_t now = clock_mono_us();
+    long long total_ms = r->t_start_us ? (long long)((now - r->t_start_us) / 1000) : 0;
+    long long head_ms = r->t_head_us ? (long long)((r->t_head_us - r->t_start_us) / 1000) : -1;
+    LOG_INFO("access",
+             "model=%s method=%s target=%s status=%d outcome=%s client=%s endpoint=%s tier=%s "
+             "held_ms=%lld late=%s stream=%s retries=%d body_bytes=%llu head_ms=%lld "
+             "total_ms=%lld request_id=%s",
+             r->m ? log_quote(qmodel, sizeof(qmodel), r->m->name) : "-",
+             method[0] ? log_quote(qmethod, sizeof(qmethod), method) : "-",
+             target[0] ? log_quote(qtarget, sizeof(qtarget), target) : "-", r->status_sent,
+             proxy_outcome_to_str(o), cl->ip[0] ? cl->ip : "-", r->ep_label[0] ? r->ep_label : "-",
+             tier_to_str(r->tier), (long long)r->cold_ms, r->released_late ? "true" : "false",
+             r->stream ? "true" : "false", r->sent_retries, (unsigned long long)r->body_read,
+             head_ms, total_ms, id[0] ? log_quote(qid, sizeof(qid), id) : "-");
+}
+
 /* Ends r with outcome o. The response (if any) is already in the output. */
 static void req_end(struct req *r, enum proxy_outcome o, bool close)
 {
     struct client *cl = r->cl;
     struct model_rt *m = r->m;
     count_outcome(cl->px, m, o);
+    if (cl->px->access_log)
+        log_access(r, o);
     bool unread = !r->body_done;
     if (unread)
         close = true; /* unread body bytes would be taken for the next request */
@@ -433,6 +522,7 @@ static void req_fail(struct req *r, int status, enum proxy_outcome o, const char
         return;
     }
     write_error(r->cl, status, code, msg, close, r->early_head);
+    r->status_sent = status;
     req_end(r, o, close);
 }
 
@@ -565,6 +655,8 @@ static int parse_resp_head(struct req *r)
         evbuffer_drain(in, (size_t)rc);
         r->resp_head_done = true;
         int64_t now = clock_mono_us();
+        r->t_head_us = now;
+        r->status_sent = r->resp_status;
         expo_histogram_observe(&r->m->ttfb_hist, (double)(now - r->t_dispatch_us) / 1e6);
         expo_histogram_observe(&r->m->head_hist, (double)(now - r->t_start_us) / 1e6);
         if (early && !sse_ok) {
@@ -995,6 +1087,8 @@ static void req_forward(struct req *r)
     r->ep = ep;
     m->inflight++;
     r->t_dispatch_us = clock_mono_us();
+    if (m->px->access_log)
+        snprintf(r->ep_label, sizeof(r->ep_label), "%s", endpoint_label(ep));
     struct conn *c = r->fresh_only ? NULL : endpoint_pool_take(ep);
     r->fresh_only = false;
     if (c) {
@@ -2321,6 +2415,8 @@ int proxy_listen(struct proxy *px, const char *host, int port, char *err, size_t
 }
 
 int proxy_port(const struct proxy *px) { return px->port; }
+
+void proxy_set_access_log(struct proxy *px, bool on) { px->access_log = on; }
 
 void proxy_set_redis(struct proxy *px, struct redis_link *redis, const char *peer_group)
 {

@@ -65,6 +65,11 @@ void proxy_free(struct proxy *px);
  * group whose live members share each endpoint's maxConcurrencyPerEndpoint
  * (sorted set thaw:activators:<group>; NULL: "default"). */
 void proxy_set_redis(struct proxy *px, struct redis_link *redis, const char *peer_group);
+/* One event=access log line per finished request (model, request line,
+ * status, outcome, client, endpoint, held time, time to the response head,
+ * total time, X-Request-Id). Off by default. */
+void proxy_set_access_log(struct proxy *px, bool on);
+
 /* Sends every wake straight to thaw-scaler too (POST /wake to each address
  * of url, activator/scaler_wake.h), and while Redis is down renews it every
  * second for each waking model with held requests. Returns 0, or -1 with err

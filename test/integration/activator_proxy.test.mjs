@@ -9,7 +9,7 @@ import net from 'node:net';
 import { after, before, test } from 'node:test';
 
 import {
-  assert, assertAccounted, complete, metricSum, promtoolCheck, rawBody, rawExchange, request,
+  assert, assertAccounted, complete, freePort, metricSum, promtoolCheck, rawBody, rawExchange, request,
   sleep, startActivator, startFakeVllm, statusCodes, waitUntil,
 } from './activator_lib.mjs';
 
@@ -578,4 +578,59 @@ test('metrics pass promtool and every accepted request is accounted for', async 
   assert.deepEqual(models.models.map((x) => x.name), ['m1', 'echo']);
   assert.equal(models.models[0].state, 'ready');
   await sleep(0);
+});
+
+test('--access-log 1: one event=access line per finished request, with its outcome and times', async () => {
+  const coldPort = await freePort();
+  const a = await startActivator({
+    models: [{ name: 'm1', backend: fv.url, probeInitialMs: 5, probeMaxMs: 20 },
+      { name: 'late', backend: `http://127.0.0.1:${coldPort}`, probeInitialMs: 5, probeMaxMs: 20 }],
+  }, { args: ['--access-log', '1'] });
+  let late = null;
+  try {
+    assert.equal((await complete(a.port, 'm1')).status, 200); // wakes m1 (held a few ms)
+    const ok = await complete(a.port, 'm1', { headers: { 'x-request-id': 'req 42' } });
+    assert.equal(ok.status, 200);
+    assert.equal((await complete(a.port, 'nope')).status, 404);
+    // Held while its backend comes up.
+    const pending = complete(a.port, 'late', { timeoutMs: 10000 });
+    await waitUntil(async () => (await a.model('late')).held === 1, 3000, { what: 'held' });
+    await sleep(300);
+    late = await startFakeVllm({ model: 'late', port: coldPort });
+    assert.equal((await pending).status, 200);
+    await waitUntil(() => (a.proc.output().match(/event=access /g) ?? []).length >= 4, 3000,
+      { what: 'four access lines' });
+    const lines = a.proc.output().split('\n').filter((l) => l.includes('event=access '));
+    const field = (line, k) => {
+      const m = new RegExp(`\\b${k}=("(?:[^"\\\\]|\\\\.)*"|\\S+)`).exec(line);
+      return m ? m[1] : undefined;
+    };
+    assert.equal(lines.length, 4, lines.join('\n'));
+    const [l0, l1, l2, l3] = lines;
+    assert.ok(Number(field(l0, 'held_ms')) >= 0, `the first request met a cold model: ${l0}`);
+    assert.equal(field(l1, 'model'), 'm1');
+    assert.equal(field(l1, 'method'), 'POST');
+    assert.equal(field(l1, 'target'), '/v1/completions');
+    assert.equal(field(l1, 'status'), '200');
+    assert.equal(field(l1, 'outcome'), 'ok');
+    assert.equal(field(l1, 'client'), '127.0.0.1');
+    assert.equal(field(l1, 'endpoint'), fv.url.replace('http://', ''));
+    assert.equal(field(l1, 'held_ms'), '-1');
+    assert.equal(field(l1, 'request_id'), '"req 42"');
+    assert.ok(Number(field(l1, 'head_ms')) >= 0 && Number(field(l1, 'total_ms')) >= Number(field(l1, 'head_ms')), l1);
+    assert.ok(Number(field(l1, 'body_bytes')) > 0, l1);
+    assert.equal(field(l2, 'model'), '-');
+    assert.equal(field(l2, 'status'), '404');
+    assert.equal(field(l2, 'outcome'), 'model_not_found');
+    assert.equal(field(l2, 'endpoint'), '-');
+    assert.equal(field(l3, 'model'), 'late');
+    assert.ok(Number(field(l3, 'held_ms')) >= 300, l3);
+    assert.ok(Number(field(l3, 'head_ms')) >= Number(field(l3, 'held_ms')), l3);
+    assert.equal(field(l3, 'request_id'), '-');
+    // Off by default: the shared activator logs none.
+    assert.doesNotMatch(act.proc.output(), /event=access /);
+  } finally {
+    await a.stop();
+    await late?.stop();
+  }
 });
