@@ -411,22 +411,24 @@ static void request_line(const struct req *r, char *method, size_t mlen, char *t
     snprintf(target, tlen, "%s", sp1 + 1); /* long targets are cut: a log line, not a record */
 }
 
-/* The client's X-Request-Id, if its head (as forwarded) has one. */
-static void request_id(const struct req *r, char *out, size_t outlen)
+/* The value of header name (with its colon, lower case) in the head as
+ * forwarded, "" if absent; cut to outlen. */
+static void head_value(const struct req *r, const char *name, char *out, size_t outlen)
 {
     out[0] = '\0';
     if (!r->head)
         return;
+    size_t nl = strlen(name);
     struct evbuffer_ptr p = evbuffer_search(r->head, "\r\n", 2, NULL);
     while (p.pos >= 0) {
-        char name[14];
-        if (evbuffer_ptr_set(r->head, &p, 2, EVBUFFER_PTR_ADD) < 0 ||
-            evbuffer_copyout_from(r->head, &p, name, sizeof(name)) < (ev_ssize_t)sizeof(name))
+        char have[32];
+        if (nl > sizeof(have) || evbuffer_ptr_set(r->head, &p, 2, EVBUFFER_PTR_ADD) < 0 ||
+            evbuffer_copyout_from(r->head, &p, have, nl) < (ev_ssize_t)nl)
             return;
-        if (strncasecmp(name, "x-request-id:", 13) == 0) {
+        if (strncasecmp(have, name, nl) == 0) {
             char val[130];
             struct evbuffer_ptr v = p;
-            evbuffer_ptr_set(r->head, &v, 13, EVBUFFER_PTR_ADD);
+            evbuffer_ptr_set(r->head, &v, nl, EVBUFFER_PTR_ADD);
             ev_ssize_t n = evbuffer_copyout_from(r->head, &v, val, sizeof(val) - 1);
             if (n <= 0)
                 return;
@@ -451,22 +453,30 @@ static void log_access(const struct req *r, enum proxy_outcome o)
 {
     const struct client *cl = r->cl;
     char method[24], target[300], id[130], qtarget[320], qid[150], qmodel[300], qmethod[40];
+    char traceparent[64], trace[40] = "";
     request_line(r, method, sizeof(method), target, sizeof(target));
-    request_id(r, id, sizeof(id));
+    head_value(r, "x-request-id:", id, sizeof(id));
+    /* W3C traceparent "00-<32 hex trace id>-<16 hex span>-<flags>": the trace
+     * id ties this line to the client's trace (the header is forwarded). */
+    head_value(r, "traceparent:", traceparent, sizeof(traceparent));
+    if (strlen(traceparent) >= 35 && traceparent[2] == '-' &&
+        strspn(traceparent + 3, "0123456789abcdef") == 32)
+        snprintf(trace, sizeof(trace), "%.32s", traceparent + 3);
     int64_t now = clock_mono_us();
     long long total_ms = r->t_start_us ? (long long)((now - r->t_start_us) / 1000) : 0;
     long long head_ms = r->t_head_us ? (long long)((r->t_head_us - r->t_start_us) / 1000) : -1;
     LOG_INFO("access",
              "model=%s method=%s target=%s status=%d outcome=%s client=%s endpoint=%s tier=%s "
              "held_ms=%lld late=%s stream=%s retries=%d body_bytes=%llu head_ms=%lld "
-             "total_ms=%lld request_id=%s",
+             "total_ms=%lld request_id=%s trace_id=%s",
              r->m ? log_quote(qmodel, sizeof(qmodel), r->m->name) : "-",
              method[0] ? log_quote(qmethod, sizeof(qmethod), method) : "-",
              target[0] ? log_quote(qtarget, sizeof(qtarget), target) : "-", r->status_sent,
              proxy_outcome_to_str(o), cl->ip[0] ? cl->ip : "-", r->ep_label[0] ? r->ep_label : "-",
              tier_to_str(r->tier), (long long)r->cold_ms, r->released_late ? "true" : "false",
              r->stream ? "true" : "false", r->sent_retries, (unsigned long long)r->body_read,
-             head_ms, total_ms, id[0] ? log_quote(qid, sizeof(qid), id) : "-");
+             head_ms, total_ms, id[0] ? log_quote(qid, sizeof(qid), id) : "-",
+             trace[0] ? trace : "-");
 }
 
 /* Ends r with outcome o. The response (if any) is already in the output. */

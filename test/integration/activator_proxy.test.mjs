@@ -589,7 +589,8 @@ test('--access-log 1: one event=access line per finished request, with its outco
   let late = null;
   try {
     assert.equal((await complete(a.port, 'm1')).status, 200); // wakes m1 (held a few ms)
-    const ok = await complete(a.port, 'm1', { headers: { 'x-request-id': 'req 42' } });
+    const ok = await complete(a.port, 'm1', { headers: { 'x-request-id': 'req 42',
+      traceparent: '00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01' } });
     assert.equal(ok.status, 200);
     assert.equal((await complete(a.port, 'nope')).status, 404);
     // Held while its backend comes up.
@@ -617,6 +618,7 @@ test('--access-log 1: one event=access line per finished request, with its outco
     assert.equal(field(l1, 'endpoint'), fv.url.replace('http://', ''));
     assert.equal(field(l1, 'held_ms'), '-1');
     assert.equal(field(l1, 'request_id'), '"req 42"');
+    assert.equal(field(l1, 'trace_id'), '4bf92f3577b34da6a3ce929d0e0e4736');
     assert.ok(Number(field(l1, 'head_ms')) >= 0 && Number(field(l1, 'total_ms')) >= Number(field(l1, 'head_ms')), l1);
     assert.ok(Number(field(l1, 'body_bytes')) > 0, l1);
     assert.equal(field(l2, 'model'), '-');
@@ -627,6 +629,7 @@ test('--access-log 1: one event=access line per finished request, with its outco
     assert.ok(Number(field(l3, 'held_ms')) >= 300, l3);
     assert.ok(Number(field(l3, 'head_ms')) >= Number(field(l3, 'held_ms')), l3);
     assert.equal(field(l3, 'request_id'), '-');
+    assert.equal(field(l3, 'trace_id'), '-');
     // Off by default: the shared activator logs none.
     assert.doesNotMatch(act.proc.output(), /event=access /);
   } finally {
