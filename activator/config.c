@@ -45,6 +45,8 @@ static const struct field_def model_fields[] = {
     {"maxConcurrencyPerEndpoint", F_INT, MF(max_concurrency_per_endpoint), 0, 0, 1000000, "0",
      false},
     {"splitConcurrencyAcrossActivators", F_BOOL, MF(split_concurrency), 0, 0, 1, "1", false},
+    {"fallbackBackend", F_STRING, MF(fallback_backend), 0, 0, 0, NULL, false},
+    {"fallbackAfterSeconds", F_SECONDS, MF(fallback_after_ms), 0, 0, 86400, "30", false},
     {"lateAfterSeconds", F_SECONDS, MF(late_after_ms), 0, 0, 3600, "0", false},
     {"sseHeartbeatSeconds", F_SECONDS, MF(sse_heartbeat_ms), 0, 0, 3600, "0", false},
     {"probeInitialMs", F_INT, MF(probe_initial_ms), 0, 1, 60000, "10", false},
@@ -138,6 +140,8 @@ static void model_config_finish(struct model_config *m)
     free_fields(model_fields, NFIELDS(model_fields), m);
     thaw_free(m->backend_host);
     m->backend_host = NULL;
+    thaw_free(m->fallback_host);
+    m->fallback_host = NULL;
 }
 
 /* Deep-copies the fields of src into dst (used to start a model from the defaults). */
@@ -368,6 +372,19 @@ static int finish_model(struct config *cfg, size_t idx, char *err, size_t errlen
             return -1;
         }
         if (!(m->backend_host = thaw_strdup(host))) {
+            snprintf(err, errlen, "%s: out of memory", path);
+            return -1;
+        }
+    }
+    if (m->fallback_backend) {
+        char host[256];
+        if (config_parse_backend_url(m->fallback_backend, host, sizeof(host),
+                                     &m->fallback_port) < 0) {
+            snprintf(err, errlen, "%s.fallbackBackend: expected http://HOST[:PORT], got '%s'",
+                     path, m->fallback_backend);
+            return -1;
+        }
+        if (!(m->fallback_host = thaw_strdup(host))) {
             snprintf(err, errlen, "%s: out of memory", path);
             return -1;
         }

@@ -39,6 +39,12 @@ struct model_config {
     long max_concurrency_per_endpoint; /* 0: no cap */
     long split_concurrency; /* 1: the cap is shared by the live activators (peers) */
     long late_after_ms; /* waiting longer than this: behind newer requests (0: FIFO) */
+    /* While the model is not ready, a request held fallback_after_ms goes to
+     * this backend instead ("http://host:port"), or NULL: no fallback. */
+    char *fallback_backend;
+    char *fallback_host; /* parsed from fallback_backend */
+    int fallback_port;
+    long fallback_after_ms;
     long sse_heartbeat_ms;             /* 0: off */
     long probe_initial_ms;
     long probe_max_ms;

@@ -177,3 +177,25 @@ int64_t holdq_next_deadline(const struct holdq *q)
     }
     return d;
 }
+
+struct holdq_node *holdq_pop_enqueued_by(struct holdq *q, int64_t t_ms)
+{
+    for (int t = 0; t < TIER_COUNT; t++) {
+        struct holdq_node *n = q->head[t];
+        if (n && n->enqueued_ms <= t_ms) {
+            holdq_remove(q, n);
+            return n;
+        }
+    }
+    return NULL;
+}
+
+int64_t holdq_oldest_enqueued(const struct holdq *q)
+{
+    int64_t e = INT64_MAX;
+    for (int t = 0; t < TIER_COUNT; t++) {
+        if (q->head[t] && q->head[t]->enqueued_ms < e)
+            e = q->head[t]->enqueued_ms;
+    }
+    return e;
+}

@@ -94,4 +94,11 @@ void holdq_remove(struct holdq *q, struct holdq_node *n);
 /* Earliest deadline among the tier heads, INT64_MAX when empty. */
 int64_t holdq_next_deadline(const struct holdq *q);
 
+/* Removes and returns an entry enqueued at or before t_ms (the highest tier
+ * first), or NULL: what has been held long enough for a fallback. Each tier
+ * is in enqueue order, so only the heads are looked at. */
+struct holdq_node *holdq_pop_enqueued_by(struct holdq *q, int64_t t_ms);
+/* Enqueue time of the oldest entry, INT64_MAX when empty. */
+int64_t holdq_oldest_enqueued(const struct holdq *q);
+
 #endif

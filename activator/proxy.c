@@ -80,6 +80,7 @@ struct req {
     bool released_late; /* counted in late_released (once, however often released) */
     int64_t starved_since_ms; /* first failure to get a local socket, 0 if none */
     int64_t cold_ms; /* time held, -1 if never */
+    bool via_fallback; /* sent (or being sent) to the model's fallbackBackend */
     bool stream;
     struct event *heartbeat;
     bool early_head; /* an SSE head was sent while held */
@@ -152,6 +153,13 @@ struct model_rt {
     struct holdq hq;
     struct backend *be;
     struct event *hold_timer;
+    /* fallbackBackend: its endpoints (NULL without one), the timer that sends
+     * requests held fallbackAfterSeconds there, and the requests it serves
+     * now (still demand for this model: published as held). */
+    struct backend *fallback_be;
+    struct event *fallback_timer;
+    unsigned fallback_inflight;
+    uint64_t fallback_requests;
     unsigned inflight;
     uint64_t outcomes[PROXY_OUTCOME_COUNT];
     uint64_t wake_signals; /* PUBLISHes sent */
@@ -245,6 +253,7 @@ static void model_dispatch(struct req *r, enum model_event ev);
 static void model_apply(struct model_rt *m, unsigned act);
 static void release_held(struct model_rt *m);
 static void arm_hold_timer(struct model_rt *m);
+static void arm_fallback_timer(struct model_rt *m);
 static void publish_held(struct model_rt *m);
 static void check_drained(struct proxy *px);
 static void pump_to_upstream(struct req *r);
@@ -363,6 +372,8 @@ static void up_release(struct req *r, bool reuse)
         struct endpoint *ep = r->ep;
         r->ep = NULL;
         r->m->inflight--;
+        if (r->via_fallback)
+            r->m->fallback_inflight--;
         endpoint_release(ep);
     }
 }
@@ -614,6 +625,8 @@ static void write_client_head(struct req *r, const struct http1_response *h)
         evbuffer_add_printf(out, "Transfer-Encoding: chunked\r\n");
     if (r->cold_ms >= 0)
         evbuffer_add_printf(out, "X-Thaw-Cold-Start-Ms: %lld\r\n", (long long)r->cold_ms);
+    if (r->via_fallback)
+        evbuffer_add_printf(out, "X-Thaw-Fallback: true\r\n");
     if (r->close_after)
         evbuffer_add_printf(out, "Connection: close\r\n");
     else if (r->version_minor == 0)
@@ -803,6 +816,12 @@ static void retry_upstream(struct req *r, bool mark_down)
     r->up = NULL;
     r->ep = NULL;
     r->m->inflight--;
+    if (r->via_fallback) {
+        /* The fallback failed before any byte: back to the model's own path
+         * (held again, or sent to the model if it came up meanwhile). */
+        r->m->fallback_inflight--;
+        r->via_fallback = false;
+    }
     r->state = RS_DISPATCH;
     if (mark_down)
         endpoint_mark_down(ep); /* may move the model to waking */
@@ -1087,15 +1106,19 @@ static void req_forward(struct req *r)
 {
     struct model_rt *m = r->m;
     struct proxy *px = m->px;
-    struct endpoint *ep = backend_pick(m->be);
+    struct endpoint *ep = backend_pick(r->via_fallback ? m->fallback_be : m->be);
     if (!ep) {
-        /* Every endpoint is at its concurrency cap: wait in line. */
+        /* Every endpoint is at its concurrency cap (or the fallback went
+         * down): wait in line. */
+        r->via_fallback = false;
         req_hold(r);
         return;
     }
     endpoint_acquire(ep);
     r->ep = ep;
     m->inflight++;
+    if (r->via_fallback)
+        m->fallback_inflight++;
     r->t_dispatch_us = clock_mono_us();
     if (m->px->access_log)
         snprintf(r->ep_label, sizeof(r->ep_label), "%s", endpoint_label(ep));
@@ -1239,6 +1262,7 @@ static void req_hold(struct req *r)
     }
     r->state = RS_HELD;
     arm_hold_timer(m);
+    arm_fallback_timer(m);
     if (was == 0)
         publish_held(m); /* the first held request is news for the scaler now */
 }
@@ -1279,6 +1303,121 @@ static bool can_forward(const struct model_rt *m)
     return m->sm.state == MODEL_READY || (m->sm.state == MODEL_DRAINING && m->sm.backend_up);
 }
 
+/* The fallback takes requests now: configured, the model cannot take them,
+ * and a fallback endpoint is healthy. */
+static bool fallback_open(const struct model_rt *m)
+{
+    return m->fallback_be && m->mc->fallback_backend && !can_forward(m) &&
+           backend_capacity(m->fallback_be) > 0;
+}
+
+/* Wakes at the moment the oldest held request has waited fallbackAfter; off
+ * while the fallback cannot take requests (its health check turning
+ * healthy, or the next hold, arms it again). */
+static void arm_fallback_timer(struct model_rt *m)
+{
+    if (!m->fallback_timer)
+        return;
+    if (m->hq.count == 0 || !fallback_open(m)) {
+        evtimer_del(m->fallback_timer);
+        return;
+    }
+    int64_t wait = holdq_oldest_enqueued(&m->hq) + m->mc->fallback_after_ms - now_ms();
+    struct timeval tv;
+    tv_ms(&tv, wait > 0 ? (long)wait : 0);
+    evtimer_add(m->fallback_timer, &tv);
+}
+
+/* Sends the requests held fallbackAfterSeconds or longer to the fallback,
+ * highest tier first, while it takes them. */
+static void release_to_fallback(struct model_rt *m)
+{
+    int64_t now = now_ms();
+    size_t sent = 0;
+    while (m->hq.count > 0 && fallback_open(m) && !m->px->socket_starved) {
+        struct holdq_node *n = holdq_pop_enqueued_by(&m->hq, now - m->mc->fallback_after_ms);
+        if (!n)
+            break;
+        struct req *r = req_of_node(n);
+        r->cold_ms = now - n->enqueued_ms;
+        if (r->heartbeat)
+            evtimer_del(r->heartbeat);
+        expo_histogram_observe(&m->hold_hist, (double)r->cold_ms / 1000.0);
+        r->via_fallback = true;
+        m->fallback_requests++;
+        sent++;
+        r->state = RS_DISPATCH;
+        req_forward(r);
+    }
+    if (sent)
+        LOG_INFO("sent_to_fallback", "model=%s count=%zu left=%zu", m->name, sent, m->hq.count);
+    arm_hold_timer(m);
+    arm_fallback_timer(m);
+}
+
+static void fallback_timer_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    release_to_fallback(arg);
+}
+
+static void on_fallback_healthy(void *ud) { release_to_fallback(ud); }
+
+static void on_fallback_down(void *ud, enum backend_down_reason why)
+{
+    (void)why;
+    struct model_rt *m = ud;
+    LOG_WARN("fallback_down", "model=%s backend=%s", m->name,
+             m->mc->fallback_backend ? m->mc->fallback_backend : "-");
+}
+
+/* The model's config with the fallback as its backend: no cap (the
+ * fallback is not this model's replicas), probes backing off to 1 s at least
+ * (it is meant to be up; a down one is not hammered). */
+static void fallback_model_config(const struct model_config *mc, struct model_config *out)
+{
+    *out = *mc;
+    out->backend = mc->fallback_backend;
+    out->backend_host = mc->fallback_host;
+    out->backend_port = mc->fallback_port;
+    out->endpoints_file = NULL;
+    out->max_concurrency_per_endpoint = 0;
+    out->split_concurrency = 0;
+    if (out->probe_max_ms < 1000)
+        out->probe_max_ms = 1000;
+}
+
+/* Creates, reconfigures or switches off the model's fallback to match mc.
+ * A fallback once made is kept until the model is freed (requests may be
+ * using its endpoints); without fallbackBackend it takes nothing. */
+static int fallback_apply(struct model_rt *m, const struct model_config *mc)
+{
+    struct proxy *px = m->px;
+    if (!mc->fallback_backend) {
+        if (m->fallback_be)
+            backend_probe_stop(m->fallback_be);
+        if (m->fallback_timer)
+            evtimer_del(m->fallback_timer);
+        return 0;
+    }
+    struct model_config fmc;
+    fallback_model_config(mc, &fmc);
+    if (!m->fallback_timer && !(m->fallback_timer = evtimer_new(px->base, fallback_timer_cb, m)))
+        return -1;
+    if (m->fallback_be) {
+        if (backend_reconfigure(m->fallback_be, &fmc, &px->cfg->limits) < 0)
+            return -1;
+    } else {
+        static const struct backend_callbacks fcbs = {on_fallback_healthy, on_fallback_down};
+        m->fallback_be = backend_new(px->base, px->dns, &fmc, &px->cfg->limits, &fcbs, m);
+        if (!m->fallback_be)
+            return -1;
+    }
+    backend_probe_start(m->fallback_be);
+    return 0;
+}
+
 static void release_held(struct model_rt *m)
 {
     if (!can_forward(m))
@@ -1310,6 +1449,7 @@ static void release_held(struct model_rt *m)
     if (released)
         LOG_INFO("released", "model=%s count=%zu left=%zu", m->name, released, m->hq.count);
     arm_hold_timer(m);
+    arm_fallback_timer(m);
 }
 
 /* ---- models ---- */
@@ -1396,12 +1536,13 @@ static void publish_held(struct model_rt *m)
     struct proxy *px = m->px;
     if (!px->redis || !redis_link_up(px->redis))
         return;
-    size_t n = m->hq.count;
+    /* Ready: the queue waits for a free slot at the concurrency cap (or a
+     * socket), a serving backlog; otherwise it waits for the model to wake,
+     * and so do the requests its fallback serves meanwhile. */
+    bool ready = m->sm.state == MODEL_READY;
+    size_t n = m->hq.count + (ready ? 0 : m->fallback_inflight);
     if (n == 0 && !m->held_published)
         return;
-    /* Ready: the queue waits for a free slot at the concurrency cap (or a
-     * socket), a serving backlog; otherwise it waits for the model to wake. */
-    bool ready = m->sm.state == MODEL_READY;
     size_t held = ready ? 0 : n;
     size_t queued = ready ? n : 0;
     if (redis_link_held(px->redis, m->name, held, queued, m->mc->late_after_ms,
@@ -1414,8 +1555,11 @@ static void model_free(struct model_rt *m)
     if (!m)
         return;
     backend_free(m->be);
+    backend_free(m->fallback_be);
     if (m->hold_timer)
         event_free(m->hold_timer);
+    if (m->fallback_timer)
+        event_free(m->fallback_timer);
     expo_histogram_finish(&m->hold_hist);
     expo_histogram_finish(&m->ttfb_hist);
     expo_histogram_finish(&m->head_hist);
@@ -1448,6 +1592,10 @@ static struct model_rt *model_new(struct proxy *px, const struct model_config *m
         return NULL;
     }
     backend_set_peers(m->be, px->peers);
+    if (fallback_apply(m, mc) < 0) {
+        model_free(m);
+        return NULL;
+    }
     return m;
 }
 
@@ -2197,7 +2345,8 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
             /* Without Redis the scaler does not see the held count that
              * keeps a waking model wanted: the direct wake stands in for it,
              * renewed as often. */
-            if (px->scaler_wake && m->sm.state == MODEL_WAKING && m->hq.count > 0 &&
+            if (px->scaler_wake && m->sm.state == MODEL_WAKING &&
+                m->hq.count + m->fallback_inflight > 0 &&
                 !(px->redis && redis_link_up(px->redis)))
                 scaler_wake_send(px->scaler_wake, m->name);
             if (m->wake_pending && px->redis && redis_link_up(px->redis)) {
@@ -2236,6 +2385,9 @@ static bool needs_dns(const struct config *cfg)
         unsigned char buf[16];
         if (mc->backend && inet_pton(AF_INET, mc->backend_host, buf) != 1 &&
             inet_pton(AF_INET6, mc->backend_host, buf) != 1)
+            return true;
+        if (mc->fallback_backend && inet_pton(AF_INET, mc->fallback_host, buf) != 1 &&
+            inet_pton(AF_INET6, mc->fallback_host, buf) != 1)
             return true;
     }
     return false;
@@ -2504,6 +2656,9 @@ int proxy_reload(struct proxy *px, struct config *cfg)
         m->sm.wake_timeout_ms = mc->hold_timeout_ms;
         if (backend_reconfigure(m->be, mc, &cfg->limits) < 0)
             LOG_ERROR("backend_reconfigure_failed", "model=%s", m->name);
+        if (fallback_apply(m, mc) < 0)
+            LOG_ERROR("fallback_reconfigure_failed", "model=%s", m->name);
+        arm_fallback_timer(m);
     }
     for (size_t k = 0; k < px->nmodels; k++) {
         if (kept[k])
@@ -2769,6 +2924,15 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
             expo_sample(out, "thaw_activator_late_released_total", labels,
                         (double)m->late_released);
     }
+    expo_family(out, "thaw_activator_fallback_requests_total", "counter",
+                "Requests sent to the model's fallbackBackend after waiting fallbackAfterSeconds "
+                "for it to wake, by model.");
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_sample(out, "thaw_activator_fallback_requests_total", labels,
+                        (double)m->fallback_requests);
+    }
     expo_family(out, "thaw_activator_wakes_total", "counter",
                 "Wake actions (requests, admin, wakeWith), sent to Redis or not.");
     for (size_t i = 0; i < px->nmodels; i++) {
@@ -2894,14 +3058,15 @@ json_t *proxy_models_json(struct proxy *px)
     for (size_t i = 0; i < px->nmodels; i++) {
         const struct model_rt *m = px->models[i];
         json_t *eps = backend_to_json(m->be);
-        json_t *o = json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o*}", "name", m->name,
+        json_t *o = json_pack("{s:s,s:s,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:I,s:o*}", "name", m->name,
                               "state", model_state_to_str(m->sm.state), "stateForMs",
                               (json_int_t)(now - m->sm.since_ms), "held", (json_int_t)m->hq.count,
                               "inflight", (json_int_t)m->inflight, "coldStarts",
                               (json_int_t)m->sm.cold_starts, "wakeSignals",
                               (json_int_t)m->wake_signals, "lateReleased",
                               (json_int_t)m->late_released, "ok",
-                              (json_int_t)m->outcomes[OUT_OK], "capPerEndpoint",
+                              (json_int_t)m->outcomes[OUT_OK], "fallbackRequests",
+                              (json_int_t)m->fallback_requests, "capPerEndpoint",
                               (json_int_t)backend_cap(m->be), "endpoints", eps);
         if (!o || json_array_append_new(arr, o) < 0) {
             json_decref(arr);

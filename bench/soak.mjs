@@ -228,7 +228,7 @@ async function main() {
     procs.scaler = scaler.proc;
     stopList.push(['thaw-scaler', () => scaler.stop()]);
     const activator = await startActivator({
-      dir: work, redisUrl: redis.url,
+      dir: work, redisUrl: redis.url, scalerWakeUrl: scaler.httpBase,
       models: models.map((name) => ({ name, endpointsFile: path.join(endpointsDir, `${name}.endpoints`) })),
       // maxConcurrencyPerEndpoint = the fake replicas' --max-batch, and late
       // requests last after 1 s, as recommended.

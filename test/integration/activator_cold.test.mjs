@@ -333,3 +333,79 @@ test('SSE heartbeat for long holds: comment lines first, then the token stream',
     await act.stop();
   }
 });
+
+test('fallbackBackend: requests held fallbackAfterSeconds go to the fallback while the model wakes, still counted as held', async () => {
+  const mainPort = await freePort();
+  // A slower stand-in serving the same model name (a smaller or quantized build).
+  const fb = await startFakeVllm({ model: 'fbm', tokensPerSecond: 10, waitReady: true });
+  const act = await startActivator({
+    models: [modelCfg('fbm', mainPort, { fallbackBackend: fb.url, fallbackAfterSeconds: 1 })],
+  }, { redisUrl: redis.url });
+  let main = null;
+  try {
+    const t0 = Date.now();
+    const first = Array.from({ length: 3 }, (_, i) => complete(act.port, 'fbm', { prompt: `f${i}`, maxTokens: 20 }));
+    // Held for a second, then on the fallback (20 tokens at 10/s: about 2 s
+    // there), published to the scaler as held all along.
+    await waitUntil(async () => (await act.model('fbm')).fallbackRequests === 3, 3000, { what: 'sent to the fallback' });
+    const sentAt = Date.now() - t0;
+    assert.ok(sentAt >= 950, `sent to the fallback after ${sentAt} ms (fallbackAfterSeconds 1)`);
+    assert.equal((await act.model('fbm')).held, 0);
+    await sleep(1200); // past a refresh of the Redis field
+    const v = await redis.cli('HGET', 'thaw:held:fbm', 'act-test');
+    assert.equal(v.split(':')[0], '3', `the fallback's requests still count as held: ${v}`);
+    for (const r of await Promise.all(first)) {
+      assert.equal(r.status, 200, r.body.toString());
+      assert.equal(r.headers['x-thaw-fallback'], 'true');
+      const cold = Number(r.headers['x-thaw-cold-start-ms']);
+      assert.ok(cold >= 950 && cold < 2500, `held ${cold} ms before the fallback`);
+    }
+    assert.equal((await act.model('fbm')).state, 'waking', 'the model itself is still waking');
+
+    // The model comes up: a request waiting less than fallbackAfterSeconds
+    // goes to it, not to the fallback.
+    const second = complete(act.port, 'fbm', { prompt: 'main' });
+    await sleep(300);
+    main = await startFakeVllm({ model: 'fbm', port: mainPort });
+    const r2 = await second;
+    assert.equal(r2.status, 200);
+    assert.equal(r2.headers['x-thaw-fallback'], undefined);
+    const r3 = await complete(act.port, 'fbm');
+    assert.equal(r3.headers['x-thaw-fallback'], undefined);
+    assert.equal(r3.headers['x-thaw-cold-start-ms'], undefined);
+    const m = await act.metrics();
+    assert.equal(metricSum(m, 'thaw_activator_fallback_requests_total', { model: 'fbm' }), 3);
+    await waitUntil(async () => (await redis.cli('HEXISTS', 'thaw:held:fbm', 'act-test')) === '0', 3000,
+      { what: 'the held field removed' });
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await main?.stop();
+    await fb.stop();
+  }
+});
+
+test('fallbackBackend down: it takes nothing; held requests wait for the model and are served by it', async () => {
+  const mainPort = await freePort();
+  const deadPort = await freePort();
+  const act = await startActivator({
+    models: [modelCfg('fbd', mainPort, { fallbackBackend: `http://127.0.0.1:${deadPort}`, fallbackAfterSeconds: 0.2 })],
+  }, { redisUrl: redis.url });
+  let main = null;
+  try {
+    const pending = Array.from({ length: 2 }, () => complete(act.port, 'fbd'));
+    await sleep(1000);
+    const model = await act.model('fbd');
+    assert.equal(model.held, 2, 'still held: the fallback is not healthy');
+    assert.equal(model.fallbackRequests, 0);
+    main = await startFakeVllm({ model: 'fbd', port: mainPort });
+    for (const r of await Promise.all(pending)) {
+      assert.equal(r.status, 200);
+      assert.equal(r.headers['x-thaw-fallback'], undefined);
+    }
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await main?.stop();
+  }
+});

@@ -28,6 +28,7 @@ static void test_full(void **state)
         "\"aliases\":[\"m1-lora-*\"],\"maxHeldRequests\":10,\"maxHeldBytes\":1000,"
         "\"holdTimeoutSeconds\":600,\"maxConcurrencyPerEndpoint\":4,\"lateAfterSeconds\":1.5,"
         "\"dnsRefreshWakingSeconds\":0.25,\"splitConcurrencyAcrossActivators\":false,"
+        "\"fallbackBackend\":\"http://small.models:8000\",\"fallbackAfterSeconds\":2.5,"
         "\"wakeWith\":[\"m2\"]},"
         "{\"name\":\"m2\",\"endpointsFile\":\"/tmp/eps\",\"hosts\":[\"m2.local\"]}]}";
     char err[256] = "";
@@ -49,6 +50,11 @@ static void test_full(void **state)
     assert_int_equal(m1->max_concurrency_per_endpoint, 4);
     assert_int_equal(m1->split_concurrency, 0);
     assert_int_equal(m2->split_concurrency, 1); /* default: shared with peers */
+    assert_string_equal(m1->fallback_host, "small.models");
+    assert_int_equal(m1->fallback_port, 8000);
+    assert_int_equal(m1->fallback_after_ms, 2500);
+    assert_null(m2->fallback_backend);
+    assert_int_equal(m2->fallback_after_ms, 30000); /* default */
     assert_int_equal(m1->late_after_ms, 1500);
     assert_int_equal(m2->late_after_ms, 0); /* FIFO unless asked */
     assert_int_equal(m1->probe_initial_ms, 10);
@@ -196,6 +202,9 @@ static void test_errors(void **state)
         {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\"},{\"name\":\"b\","
          "\"backend\":\"http://b\",\"responseIdleTimeoutSeconds\":-1}]}",
          "models[1].responseIdleTimeoutSeconds: expected a number in 0.01..86400"},
+        {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\","
+         "\"fallbackBackend\":\"https://b\"}]}",
+         "models[0].fallbackBackend: expected http://HOST[:PORT]"},
         {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\","
          "\"splitConcurrencyAcrossActivators\":1}]}",
          "models[0].splitConcurrencyAcrossActivators: expected true or false"},

@@ -193,6 +193,32 @@ static struct holdq_node *ref_pick(struct holdq *q, int64_t now, int64_t late, i
     return NULL;
 }
 
+/* What has been held since a given time: heads only, highest tier first. */
+static void test_enqueued_by(void **state)
+{
+    (void)state;
+    struct holdq q;
+    holdq_init(&q, 10, 1000);
+    struct holdq_node n[4];
+    memset(n, 0, sizeof(n));
+    assert_int_equal(holdq_oldest_enqueued(&q), INT64_MAX);
+    assert_null(holdq_pop_enqueued_by(&q, 1000));
+    holdq_push(&q, &n[0], TIER_LOW, 1, 100, 9000);
+    holdq_push(&q, &n[1], TIER_NORMAL, 1, 200, 9000);
+    holdq_push(&q, &n[2], TIER_HIGH, 1, 300, 9000);
+    holdq_push(&q, &n[3], TIER_NORMAL, 1, 400, 9000);
+    assert_int_equal(holdq_oldest_enqueued(&q), 100);
+    assert_null(holdq_pop_enqueued_by(&q, 99));
+    /* By 250: normal (200) before low (100): tiers first, like a release. */
+    assert_ptr_equal(holdq_pop_enqueued_by(&q, 250), &n[1]);
+    assert_ptr_equal(holdq_pop_enqueued_by(&q, 250), &n[0]);
+    assert_null(holdq_pop_enqueued_by(&q, 250));
+    assert_int_equal(holdq_oldest_enqueued(&q), 300);
+    assert_ptr_equal(holdq_pop_enqueued_by(&q, 400), &n[2]);
+    assert_ptr_equal(holdq_pop_enqueued_by(&q, 400), &n[3]);
+    assert_int_equal(q.count, 0);
+}
+
 static void test_fresh_first_random(void **state)
 {
     (void)state;
@@ -253,6 +279,7 @@ int main(void)
         cmocka_unit_test(test_fresh_first_ready_since),
         cmocka_unit_test(test_fresh_first_tiers),
         cmocka_unit_test(test_fresh_first_random),
+        cmocka_unit_test(test_enqueued_by),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
