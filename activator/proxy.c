@@ -1303,6 +1303,17 @@ static bool can_forward(const struct model_rt *m)
     return m->sm.state == MODEL_READY || (m->sm.state == MODEL_DRAINING && m->sm.backend_up);
 }
 
+/* Sends a request just taken from the hold queue on its way. */
+static void send_held(struct req *r, int64_t held_ms)
+{
+    r->cold_ms = held_ms;
+    if (r->heartbeat)
+        evtimer_del(r->heartbeat);
+    expo_histogram_observe(&r->m->hold_hist, (double)held_ms / 1000.0);
+    r->state = RS_DISPATCH;
+    req_forward(r);
+}
+
 /* The fallback takes requests now: configured, the model cannot take them,
  * and a fallback endpoint is healthy. */
 static bool fallback_open(const struct model_rt *m)
@@ -1339,15 +1350,10 @@ static void release_to_fallback(struct model_rt *m)
         if (!n)
             break;
         struct req *r = req_of_node(n);
-        r->cold_ms = now - n->enqueued_ms;
-        if (r->heartbeat)
-            evtimer_del(r->heartbeat);
-        expo_histogram_observe(&m->hold_hist, (double)r->cold_ms / 1000.0);
         r->via_fallback = true;
         m->fallback_requests++;
         sent++;
-        r->state = RS_DISPATCH;
-        req_forward(r);
+        send_held(r, now - n->enqueued_ms);
     }
     if (sent)
         LOG_INFO("sent_to_fallback", "model=%s count=%zu left=%zu", m->name, sent, m->hq.count);
@@ -1438,13 +1444,8 @@ static void release_held(struct model_rt *m)
             r->released_late = true;
             m->late_released++;
         }
-        r->cold_ms = now - n->enqueued_ms;
-        if (r->heartbeat)
-            evtimer_del(r->heartbeat);
-        expo_histogram_observe(&m->hold_hist, (double)r->cold_ms / 1000.0);
         released++;
-        r->state = RS_DISPATCH;
-        req_forward(r);
+        send_held(r, now - n->enqueued_ms);
     }
     if (released)
         LOG_INFO("released", "model=%s count=%zu left=%zu", m->name, released, m->hq.count);
