@@ -254,6 +254,7 @@ static void model_apply(struct model_rt *m, unsigned act);
 static void release_held(struct model_rt *m);
 static void arm_hold_timer(struct model_rt *m);
 static void arm_fallback_timer(struct model_rt *m);
+static void release_to_fallback(struct model_rt *m);
 static void publish_held(struct model_rt *m);
 static void check_drained(struct proxy *px);
 static void pump_to_upstream(struct req *r);
@@ -357,6 +358,17 @@ static void count_outcome(struct proxy *px, struct model_rt *m, enum proxy_outco
         px->unrouted[o]++;
 }
 
+/* Takes r off its endpoint's books (the caller releases the endpoint). */
+static struct endpoint *req_detach_endpoint(struct req *r)
+{
+    struct endpoint *ep = r->ep;
+    r->ep = NULL;
+    r->m->inflight--;
+    if (r->via_fallback)
+        r->m->fallback_inflight--;
+    return ep;
+}
+
 /* Detaches the upstream side: pools the connection if reuse, else closes it. */
 static void up_release(struct req *r, bool reuse)
 {
@@ -368,14 +380,8 @@ static void up_release(struct req *r, bool reuse)
         }
         r->up = NULL;
     }
-    if (r->ep) {
-        struct endpoint *ep = r->ep;
-        r->ep = NULL;
-        r->m->inflight--;
-        if (r->via_fallback)
-            r->m->fallback_inflight--;
-        endpoint_release(ep);
-    }
+    if (r->ep)
+        endpoint_release(req_detach_endpoint(r));
 }
 
 static void req_free(struct req *r)
@@ -811,17 +817,12 @@ static void up_write_cb(struct conn *c, void *arg)
 /* The connection failed before any response byte. */
 static void retry_upstream(struct req *r, bool mark_down)
 {
-    struct endpoint *ep = r->ep;
     conn_free(r->up);
     r->up = NULL;
-    r->ep = NULL;
-    r->m->inflight--;
-    if (r->via_fallback) {
-        /* The fallback failed before any byte: back to the model's own path
-         * (held again, or sent to the model if it came up meanwhile). */
-        r->m->fallback_inflight--;
-        r->via_fallback = false;
-    }
+    struct endpoint *ep = req_detach_endpoint(r);
+    /* A fallback that failed before any byte: back to the model's own path
+     * (held again, or sent to the model if it came up meanwhile). */
+    r->via_fallback = false;
     r->state = RS_DISPATCH;
     if (mark_down)
         endpoint_mark_down(ep); /* may move the model to waking */
@@ -1068,10 +1069,8 @@ static void socket_starved(struct req *r, int err)
         tv_ms(&tv, SOCKET_RETRY_MS);
         evtimer_add(px->socket_retry, &tv);
     }
-    struct endpoint *ep = r->ep;
-    r->ep = NULL;
-    m->inflight--;
-    endpoint_release(ep);
+    endpoint_release(req_detach_endpoint(r));
+    r->via_fallback = false; /* held again: the model's path decides anew */
     r->state = RS_DISPATCH;
     int64_t now = now_ms();
     if (r->starved_since_ms == 0)
@@ -1093,10 +1092,14 @@ static void socket_retry_cb(evutil_socket_t fd, short what, void *arg)
     (void)what;
     struct proxy *px = arg;
     px->socket_starved = false;
-    for (size_t i = 0; i < px->nmodels && !px->socket_starved; i++)
+    for (size_t i = 0; i < px->nmodels && !px->socket_starved; i++) {
         release_held(px->models[i]);
-    for (struct model_rt *m = px->removed; m && !px->socket_starved; m = m->next_removed)
+        release_to_fallback(px->models[i]);
+    }
+    for (struct model_rt *m = px->removed; m && !px->socket_starved; m = m->next_removed) {
         release_held(m);
+        release_to_fallback(m);
+    }
     if (!px->socket_starved)
         LOG_INFO("upstream_socket_recovered", "failures=%llu",
                  (unsigned long long)px->socket_failures);
@@ -1329,7 +1332,8 @@ static void arm_fallback_timer(struct model_rt *m)
 {
     if (!m->fallback_timer)
         return;
-    if (m->hq.count == 0 || !fallback_open(m)) {
+    /* Starved of sockets: the socket retry timer sends them, not a loop here. */
+    if (m->hq.count == 0 || !fallback_open(m) || m->px->socket_starved) {
         evtimer_del(m->fallback_timer);
         return;
     }
