@@ -517,8 +517,14 @@ static void stop_source(struct backend *b)
         b->dns_job = NULL;
         job->b = NULL;
         if (job->req)
-            evdns_getaddrinfo_cancel(job->req); /* calls dns_cb, which frees job */
+            evdns_getaddrinfo_cancel(job->req); /* dns_cb runs on a later loop turn, frees job */
     }
+}
+
+void backend_stop(struct backend *b)
+{
+    stop_source(b);
+    backend_probe_stop(b);
 }
 
 static int apply_settings(struct backend *b, const struct model_config *mc,

@@ -9,6 +9,7 @@
 #include <jansson.h>
 
 #include "alloc.h"
+#include "model_name.h"
 
 enum field_type {
     F_STRING,  /* char * */
@@ -357,6 +358,13 @@ static int finish_model(struct config *cfg, size_t idx, char *err, size_t errlen
     snprintf(path, sizeof(path), "models[%zu]", idx);
     if (!m->name) {
         snprintf(err, errlen, "%s.name: required", path);
+        return -1;
+    }
+    /* The rule thaw-scaler's POST /wake applies, so every model can be woken
+     * without Redis too. */
+    if (!model_name_valid(m->name, strlen(m->name))) {
+        snprintf(err, errlen, "%s.name: expected 1-%d bytes without control characters", path,
+                 MODEL_NAME_MAX);
         return -1;
     }
     if (!!m->backend == !!m->endpoints_file) {

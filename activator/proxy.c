@@ -1555,6 +1555,16 @@ static void publish_held(struct model_rt *m)
         m->held_published = n > 0;
 }
 
+/* The drain is over: no more lookups, polls, probes or fallback timers. */
+static void model_stop(struct model_rt *m)
+{
+    backend_stop(m->be);
+    if (m->fallback_be)
+        backend_stop(m->fallback_be);
+    if (m->fallback_timer)
+        evtimer_del(m->fallback_timer);
+}
+
 static void model_free(struct model_rt *m)
 {
     if (!m)
@@ -2309,16 +2319,19 @@ static void set_peers(struct proxy *px, unsigned peers, const char *why)
         if (wider)
             release_held(px->models[i]);
     }
+    /* Models a reload removed still finish their requests. */
+    for (struct model_rt *m = px->removed; m; m = m->next_removed) {
+        backend_set_peers(m->be, peers);
+        if (wider)
+            release_held(m);
+    }
 }
 
 static void on_peers(void *ud, long long peers)
 {
     struct proxy *px = ud;
     px->peers_seen_ms = now_ms();
-    /* A draining activator keeps the share it had: it left the set, so the
-     * others already count without it. */
-    if (!px->draining)
-        set_peers(px, peers > 100000 ? 100000 : (unsigned)peers, "counted");
+    set_peers(px, peers > 100000 ? 100000 : (unsigned)peers, "counted");
 }
 
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
@@ -2337,11 +2350,13 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     /* Redis gone or silent: each activator takes the whole cap again. A
      * backend then may see up to peers x its cap (it queues the excess
      * itself), which is better than endpoints idle behind a stale split. */
-    if (px->peers > 1 && !px->draining && now - px->peers_seen_ms > PEERS_TTL_MS)
+    if (px->peers > 1 && now - px->peers_seen_ms > PEERS_TTL_MS)
         set_peers(px, 1, "no_recent_count");
     if (now - px->last_redis_ms >= REDIS_REFRESH_MS) {
         px->last_redis_ms = now;
-        if (px->redis && redis_link_up(px->redis) && !px->draining)
+        /* Also while draining: its requests still use its share until they
+         * end (it leaves the set when drained, and stays out). */
+        if (px->redis && redis_link_up(px->redis) && !px->drain_done_called)
             redis_link_heartbeat(px->redis, px->peers_key, PEERS_TTL_MS);
         for (size_t i = 0; i < px->nmodels; i++) {
             struct model_rt *m = px->models[i];
@@ -2685,6 +2700,10 @@ int proxy_reload(struct proxy *px, struct config *cfg)
     px->old_cfgs = old;
     free_removed(px);
     LOG_INFO("config_reloaded", "models=%zu", cfg->nmodels);
+    /* A higher cap (or the split turned off) may let queued requests go; once
+     * the new config is in place, as they may end and the next be routed. */
+    for (size_t i = 0; i < px->nmodels; i++)
+        release_held(px->models[i]);
     return 0;
 }
 
@@ -2693,6 +2712,17 @@ static void check_drained(struct proxy *px)
     if (px->draining && px->nclients == 0 && !px->drain_done_called) {
         px->drain_done_called = true;
         LOG_INFO("drained", "accepted=%llu", (unsigned long long)px->accepted);
+        /* Nothing of ours is in flight: the others widen their share at their
+         * next count, not a TTL later. */
+        if (px->redis && redis_link_up(px->redis))
+            redis_link_leave(px->redis, px->peers_key);
+        /* While the loop still turns (the exit flush), so cancelled lookups
+         * are finished and freed. */
+        scaler_wake_cancel(px->scaler_wake);
+        for (size_t i = 0; i < px->nmodels; i++)
+            model_stop(px->models[i]);
+        for (struct model_rt *m = px->removed; m; m = m->next_removed)
+            model_stop(m);
         if (px->drain_done)
             px->drain_done(px->drain_ud);
     }
@@ -2751,9 +2781,6 @@ void proxy_drain(struct proxy *px, void (*done)(void *ud), void *ud)
     }
     LOG_INFO("draining", "clients=%zu timeout_ms=%ld", px->nclients,
              px->cfg->limits.drain_timeout_ms);
-    /* The others widen their share at their next count, not a TTL later. */
-    if (px->redis && redis_link_up(px->redis))
-        redis_link_leave(px->redis, px->peers_key);
     for (size_t i = 0; i < px->nmodels; i++) {
         struct model_rt *m = px->models[i];
         model_apply(m, model_sm_handle(&m->sm, MEV_DRAIN, now_ms(), m->hq.count));

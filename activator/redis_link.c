@@ -406,6 +406,9 @@ void redis_link_set_peers_cb(struct redis_link *l, redis_link_peers_cb cb, void 
 /* Redis's clock, not ours: activators on different nodes agree on who is
  * live however their clocks drift. The key expires with its last member. */
 static const char peers_script[] =
+    /* Before Redis 5 a script that read TIME could not write after it
+     * unless it asked for effects replication; from 5 on this is a no-op. */
+    "if redis.replicate_commands then redis.replicate_commands() end "
     "local t = redis.call('TIME') "
     "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) "
     "local ttl = tonumber(ARGV[2]) "

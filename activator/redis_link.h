@@ -11,7 +11,7 @@
  *                                                      at Redis's TIME, drop members
  *                                                      older than ttl-ms, PEXPIRE the key
  *                                                      2 ttl, reply ZCARD (the live peers)
- *   ZREM thaw:activators:<group> <instance-id>         on drain
+ *   ZREM thaw:activators:<group> <instance-id>         once drained
  *
  * held counts requests waiting because the model has no ready replica (the
  * scaler wakes the model); queued counts requests waiting while the model is

@@ -15,10 +15,11 @@
 #include "alloc.h"
 #include "config.h"
 #include "log.h"
+#include "model_name.h"
 
-/* A model name is at most this long once percent-encoded (names are at most
- * 253 bytes in practice: a Kubernetes name plus a LoRA suffix). */
-#define MAX_ENCODED 1024
+/* A model name (at most MODEL_NAME_MAX bytes, common/model_name.h) once
+ * percent-encoded. */
+#define MAX_ENCODED (3 * MODEL_NAME_MAX + 1)
 
 struct post {
     struct scaler_wake *sw;
@@ -193,10 +194,11 @@ static void post_start(struct scaler_wake *sw, const struct sockaddr *sa, int sa
         post_done(p, false, "setup");
         return;
     }
-    /* A connect that fails at once is reported through post_event_cb, maybe
-     * from inside this call (p is then freed); one that never completes
-     * meets the write timeout. Either way the outcome is counted there. */
-    (void)bufferevent_socket_connect(p->bev, sa, salen);
+    /* -1: socket() or connect() failed at once (no callback is made, libevent
+     * 2.1.9 on); a refusal reported later comes through post_event_cb, and a
+     * connect that never completes meets the write timeout. */
+    if (bufferevent_socket_connect(p->bev, sa, salen) < 0)
+        post_done(p, false, "connect_failed");
 }
 
 static void resolve_free(struct resolve *r)
@@ -314,7 +316,7 @@ int scaler_wake_send(struct scaler_wake *sw, const char *model)
     return 0;
 }
 
-void scaler_wake_free(struct scaler_wake *sw)
+void scaler_wake_cancel(struct scaler_wake *sw)
 {
     if (!sw)
         return;
@@ -324,11 +326,20 @@ void scaler_wake_free(struct scaler_wake *sw)
         sw->nresolves--;
         r->sw = NULL;
         r->prev = r->next = NULL;
-        /* The callback runs now with a cancel and frees r. */
+        /* The callback runs on a later loop turn (libevent defers it) with
+         * EVUTIL_EAI_CANCEL and frees r; r->sw is NULL so it touches nothing
+         * else. */
         evdns_getaddrinfo_cancel(r->req);
     }
     while (sw->posts)
         post_free(sw->posts);
+}
+
+void scaler_wake_free(struct scaler_wake *sw)
+{
+    if (!sw)
+        return;
+    scaler_wake_cancel(sw);
     thaw_free(sw);
 }
 

@@ -36,7 +36,12 @@ struct scaler_wake_stats {
  * Returns NULL with err filled on a bad URL or allocation failure. */
 struct scaler_wake *scaler_wake_new(struct event_base *base, struct evdns_base *dns,
                                     const char *url, long timeout_ms, char *err, size_t errlen);
-/* Cancels what is under way. Accepts NULL. */
+/* Drops the posts under way and cancels the lookups. A cancelled lookup is
+ * finished (and its memory freed) by libevent on a later loop turn, so call
+ * this while the loop still runs (the activator does when its drain ends).
+ * Accepts NULL. */
+void scaler_wake_cancel(struct scaler_wake *sw);
+/* scaler_wake_cancel, then frees sw. Accepts NULL. */
 void scaler_wake_free(struct scaler_wake *sw);
 
 /* True when the URL's host is a name (the caller must supply a DNS base). */

@@ -22,6 +22,7 @@
 #include "expo.h"
 #include "grpc_server.h"
 #include "log.h"
+#include "model_name.h"
 #include "options.h"
 #include "prom_source.h"
 #include "redis_guard.h"
@@ -389,18 +390,19 @@ static void http_models(struct evhttp_request *req, void *arg)
     evbuffer_free(out);
 }
 
-/* A model name as the activators send it: 1-253 printable bytes. */
-static bool wake_model_valid(const char *model)
+/* The model= value of a query string, decoded and checked (common/model_name.h):
+ * the name's length, or -1. Decoded here, not by evhttp, so that "%00" cannot
+ * cut a name short. */
+static long wake_model(const char *query, char *out, size_t outlen)
 {
-    size_t n = strlen(model);
-    if (n == 0 || n > 253)
-        return false;
-    for (size_t i = 0; i < n; i++) {
-        unsigned char c = (unsigned char)model[i];
-        if (c <= ' ' || c == 0x7f)
-            return false;
+    for (const char *p = query; p && *p;) {
+        const char *amp = strchr(p, '&');
+        size_t n = amp ? (size_t)(amp - p) : strlen(p);
+        if (n > 6 && strncmp(p, "model=", 6) == 0)
+            return model_name_from_query(p + 6, n - 6, out, outlen);
+        p = amp ? amp + 1 : NULL;
     }
-    return true;
+    return -1;
 }
 
 /* POST /wake?model=NAME: the activators' wake signal without Redis (the same
@@ -414,15 +416,13 @@ static void http_wake(struct evhttp_request *req, void *arg)
         reply_text(req, 405, "POST", "use POST /wake?model=NAME");
         return;
     }
-    const char *query = evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req));
-    struct evkeyvalq params = {0};
-    const char *model = NULL;
-    if (query && evhttp_parse_query_str(query, &params) == 0)
-        model = evhttp_find_header(&params, "model");
-    if (!model || !wake_model_valid(model)) {
+    char model[MODEL_NAME_MAX + 1];
+    if (wake_model(evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req)), model,
+                   sizeof(model)) < 0) {
         app->http_wakes_refused++;
-        evhttp_clear_headers(&params);
-        reply_text(req, 400, NULL, "want POST /wake?model=NAME (1-253 printable bytes)");
+        reply_text(req, 400, NULL,
+                   "want POST /wake?model=NAME (percent-encoded UTF-8, 1-512 bytes, no control "
+                   "characters)");
         return;
     }
     app->http_wakes++;
@@ -434,7 +434,6 @@ static void http_wake(struct evhttp_request *req, void *arg)
         evbuffer_add_printf(out, "%s\n", text);
     free(text); /* jansson's allocator */
     json_decref(o);
-    evhttp_clear_headers(&params);
     reply(req, 200, "application/json", out);
     evbuffer_free(out);
 }

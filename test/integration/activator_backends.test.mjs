@@ -420,25 +420,66 @@ test('--scaler-wake-url with a name: every address it resolves to (each scaler r
     // No Redis: the wake is renewed every second while the request waits.
     await sleep(2000);
     assert.ok(hits.length >= 4, `${hits.length} posts in ~2 s`);
+    assert.equal((await pending).status, 504, 'nothing came up: the hold deadline answers');
+    await sleep(500); // nothing held: no renewal; the last post's answer is read
     const m = await act.metrics();
     assert.equal(metricSum(m, 'thaw_activator_scaler_wakes_total', { result: 'sent' }), hits.length);
     assert.equal(metricSum(m, 'thaw_activator_scaler_wakes_total', { result: 'failed' }), 0);
-    assert.equal((await pending).status, 504, 'nothing came up: the hold deadline answers');
 
     // One replica gone: its post fails and is counted, the other still gets it.
     await new Promise((resolve) => servers[1].close(resolve));
     const before = hits.length;
     const again = complete(act.port, 'org/m1', { timeoutMs: 10000 });
-    await waitUntil(async () => metricSum(await act.metrics(), 'thaw_activator_scaler_wakes_total',
-      { result: 'failed' }) >= 1, 3000, { what: 'the refused post counted' });
-    assert.ok(hits.length > before);
-    assert.match(act.proc.output(), /event=scaler_wake_failed addr=127\.0\.0\.2:\d+ reason=connect_or_io_error/);
     assert.equal((await again).status, 504);
+    await sleep(500);
+    assert.ok(metricSum(await act.metrics(), 'thaw_activator_scaler_wakes_total', { result: 'failed' }) >= 1,
+      'the refused post counted');
+    assert.ok(hits.length > before);
+    assert.ok(hits.slice(before).every((h) => h.ip === '127.0.0.1'));
+    assert.match(act.proc.output(), /event=scaler_wake_failed addr=127\.0\.0\.2:\d+ reason=connect_or_io_error/);
     await assertAccounted(act);
   } finally {
     await act.stop();
     await Promise.all(servers.map((s) => new Promise((resolve) => s.close(() => resolve()))));
     await dns.close();
+  }
+});
+
+test('--scaler-wake-url that cannot be connected to at all: the post fails at once, not after its timeout', async () => {
+  const coldPort = await freePort();
+  const act = await startActivator(
+    { models: [{ name: 'nowhere', backend: `http://127.0.0.1:${coldPort}`, holdTimeoutSeconds: 1, ...fast }] },
+    { args: ['--scaler-wake-url', 'http://255.255.255.255:9', '--scaler-wake-timeout-ms', '5000'] });
+  try {
+    const t0 = Date.now();
+    const pending = complete(act.port, 'nowhere', { timeoutMs: 10000 });
+    await waitUntil(async () => metricSum(await act.metrics(), 'thaw_activator_scaler_wakes_total',
+      { result: 'failed' }) >= 1, 1000, { what: 'the failed post counted' });
+    assert.ok(Date.now() - t0 < 1000, 'well before the 5 s post timeout');
+    await act.proc.waitForLog(/event=scaler_wake_failed addr=255\.255\.255\.255:9 reason=connect_failed/, 2000);
+    assert.equal((await pending).status, 504);
+  } finally {
+    await act.stop();
+  }
+});
+
+test('a wake lookup still pending at shutdown is cancelled and freed (clean exit under ASan)', async () => {
+  const silent = dgram.createSocket('udp4'); // a nameserver that never answers
+  await new Promise((resolve) => silent.bind(0, '127.0.0.1', resolve));
+  const coldPort = await freePort();
+  const act = await startActivator(
+    { limits: { drainTimeoutSeconds: 0.5 },
+      models: [{ name: 'pending', backend: `http://127.0.0.1:${coldPort}`, ...fast }] },
+    { args: ['--dns-server', `127.0.0.1:${silent.address().port}`,
+      '--scaler-wake-url', 'http://scaler.never.test:9091'] });
+  try {
+    const pending = complete(act.port, 'pending', { timeoutMs: 10000 });
+    await waitUntil(async () => (await act.model('pending')).held === 1, 3000, { what: 'held' });
+    await sleep(300); // lookups under way, never answered
+    await act.stop(); // exit 0 and, under a sanitizer, no leak report
+    assert.equal((await pending).status, 503);
+  } finally {
+    silent.close();
   }
 });
 

@@ -23,12 +23,12 @@ after(async () => {
   await vllm?.stop();
 });
 
-function config(split) {
+function config(split, names = ['m1']) {
   return {
-    models: [{
-      name: 'm1', backend: vllm.url, probeInitialMs: 5, probeMaxMs: 20,
+    models: names.map((name) => ({
+      name, backend: vllm.url, probeInitialMs: 5, probeMaxMs: 20,
       maxConcurrencyPerEndpoint: CAP, splitConcurrencyAcrossActivators: split,
-    }],
+    })),
   };
 }
 
@@ -96,16 +96,26 @@ test('two activators split the cap: vLLM never gets more than its batch; the spl
     const unsplit = await burst([a, b], 8);
     assert.ok(unsplit.peakWaiting >= CAP / 2, `without the split vLLM should queue: ${JSON.stringify(unsplit)}`);
 
-    a.writeConfig(config(true));
+    // Split on again, with a model added by the reload: it gets the share too.
+    a.writeConfig(config(true, ['m1', 'm1-alias']));
     a.proc.proc.kill('SIGHUP');
     await waitUntil(async () => (await a.model('m1')).capPerEndpoint === CAP / 2, 5000,
       { what: 'split on again' });
+    assert.equal((await a.model('m1-alias')).capPerEndpoint, CAP / 2);
 
-    // A peer that drains leaves at once: the other takes the whole cap
-    // within a heartbeat, not a TTL later.
-    const t0 = Date.now();
-    await b.stop();
+    // A draining peer keeps its share while its requests run (its requests
+    // and the other's together stay within the batch), then leaves at once:
+    // the other takes the whole cap within a heartbeat, not a TTL later.
+    // (8 s requests: the drain outlasts the 5 s a silent member stays counted.)
+    const running = [complete(b.port, 'm1', { maxTokens: 80 }), complete(b.port, 'm1', { maxTokens: 80 })];
+    await waitUntil(async () => (await vllmLoad()).running === 2, 3000, { what: 'two running via b' });
+    const stopping = b.stop('SIGTERM', 20000);
     bStopped = true;
+    await sleep(6500);
+    assert.equal((await a.model('m1')).capPerEndpoint, CAP / 2, 'b still counted while it drains');
+    assert.deepEqual((await Promise.all(running)).map((r) => r.status), [200, 200]);
+    await stopping;
+    const t0 = Date.now();
     await waitUntil(async () => (await a.model('m1')).capPerEndpoint === CAP, 3000,
       { what: 'whole cap after the peer left' });
     assert.ok(Date.now() - t0 < 3000);
@@ -122,16 +132,17 @@ test('Redis gone: after 5 s without a count each activator takes the whole cap a
   try {
     assert.equal((await complete(a.port, 'm1')).status, 200);
     await waitUntil(async () => (await peersOf(a)) === 2, 5000, { what: 'two peers' });
-    // A queue at the split cap: 2 sent, 4 waiting at the activator.
-    const reqs = Array.from({ length: 6 }, () => complete(a.port, 'm1', { maxTokens: 80 }));
-    await waitUntil(async () => (await a.model('m1')).held === 4, 3000, { what: '4 queued at the share' });
+    // A queue at the split cap: 2 sent, 2 waiting at the activator.
+    const reqs = Array.from({ length: 4 }, () => complete(a.port, 'm1', { maxTokens: 80 }));
+    await waitUntil(async () => (await a.model('m1')).held === 2, 3000, { what: '2 queued at the share' });
     await redis.stop();
     const t0 = Date.now();
-    // The queued requests go out once the split ends, long before the first
-    // two (8 s each) finish.
+    // The queued requests go out once the split ends (5 s without a count),
+    // while the first two (8 s each) still run: not because they finished.
     await waitUntil(async () => (await a.model('m1')).held === 0, 9000, { what: 'queue sent after the split ended' });
     const waited = Date.now() - t0;
-    assert.ok(waited >= 3000 && waited < 8000, `split ended after ${waited} ms`);
+    assert.equal((await vllmLoad()).running, 4, 'all four run at once');
+    assert.ok(waited >= 3000 && waited < 6500, `split ended after ${waited} ms`);
     assert.equal((await a.model('m1')).capPerEndpoint, CAP);
     assert.match(a.proc.output(), /event=peers_changed peers=1 was=2 reason=no_recent_count/);
     const res = await Promise.all(reqs);

@@ -238,8 +238,11 @@ test('thaw-scaler restarted under a KEDA StreamIsActive client: it reconnects an
 
 test('Redis down: a cold model still wakes; the activator posts the wake to thaw-scaler and renews it until the model is ready', async (t) => {
   const port = await stablePort();
+  const deadPort = await stablePort();
   const cfg = { models: [{ name: 'fp-d', backend: `http://127.0.0.1:${port}`, probeInitialMs: 20,
-    probeMaxMs: 200, holdTimeoutSeconds: 120 }] };
+    probeMaxMs: 200, holdTimeoutSeconds: 120 },
+  { name: 'fp-e', backend: `http://127.0.0.1:${deadPort}`, probeInitialMs: 20, probeMaxMs: 200,
+    holdTimeoutSeconds: 3 }] };
   const direct = await startActivator(cfg, { redisUrl: redis.url, instanceId: 'act-direct',
     args: ['--redis-timeout-ms', '500', '--scaler-wake-url', `http://127.0.0.1:${scaler.httpPort}`] });
   const ref = scaledObjectRef('fp-so-d', { model: 'fp-d' });
@@ -248,6 +251,13 @@ test('Redis down: a cold model still wakes; the activator posts the wake to thaw
   let fd = null;
   try {
     await waitUntil(() => k.open() === 1, 5000, { what: 'stream open' });
+    // With Redis up a wake is posted once and not renewed: the held count in
+    // Redis keeps the model wanted.
+    const heldE = complete(direct.port, 'fp-e', { timeoutMs: 10000 });
+    await waitUntil(async () => (await wakes('sent')) === 1, 2000, { what: 'the first post' });
+    await sleep(2500);
+    assert.equal(await wakes('sent'), 1, 'no renewal while Redis is up');
+    assert.equal((await heldE).status, 504);
     await redis.kill();
     await waitUntil(async () => metricSum(await direct.metrics(), 'thaw_activator_redis_up') === 0, 5000,
       { what: 'the activator sees Redis down' });
@@ -266,7 +276,7 @@ test('Redis down: a cold model still wakes; the activator posts the wake to thaw
     await sleep(7000);
     assert.deepEqual(await scaler.client.isActive(ref), { result: true });
     assert.ok((await getDesired(scaler.client, ref)).value >= 1);
-    const sent = await wakes('sent');
+    const sent = await wakes('sent') - 1;
     assert.ok(sent >= 6, `renewed about once a second: ${sent} posts in ~7 s`);
     assert.equal(await wakes('failed'), 0);
     assert.ok(sampleValue(await scaler.metrics(), 'thaw_scaler_http_wakes_total', { result: 'ok' }) >= sent);
@@ -278,7 +288,7 @@ test('Redis down: a cold model still wakes; the activator posts the wake to thaw
     await sleep(2500);
     assert.equal(await wakes('sent'), after, 'no wake posts once the model is ready');
     const acc = await accountedFor(direct);
-    assert.deepEqual(acc.outcomes, { ok: 3 });
+    assert.deepEqual(acc.outcomes, { ok: 3, hold_timeout: 1 });
   } finally {
     await k.stop();
     await fd?.stop();

@@ -200,12 +200,21 @@ test('POST /wake?model=: the wake without Redis; pushed on the model\'s streams,
     const get = await scaler.get('/wake?model=wake-http-m');
     assert.equal(get.status, 405);
     assert.equal(get.headers.get('allow'), 'POST');
-    for (const q of ['', '?model=', '?other=1', `?model=${'x'.repeat(254)}`, '?model=a%0Ab', '?model=a%20b']) {
-      assert.equal((await scaler.get(`/wake${q}`, { method: 'POST' })).status, 400, q);
+    // Spaces ('+' or %20) and any UTF-8 are names too, as in ScaledObject metadata.
+    const spaced = await scaler.get('/wake?x=1&model=org%2Fm+1%20%C3%A9', { method: 'POST' });
+    assert.deepEqual(JSON.parse(spaced.text), { model: 'org/m 1 é', targets: 0 });
+    const long = await scaler.get(`/wake?model=${'x'.repeat(512)}`, { method: 'POST' });
+    assert.equal(long.status, 200);
+    const refused = ['', '?model=', '?other=1', `?model=${'x'.repeat(513)}`, '?model=a%0Ab',
+      '?model=ab%00cd', '?model=%FF', '?model=%C0%AF', '?model=a%zz', '?model=a%4', '?model=%C2%85'];
+    for (const q of refused) {
+      const res = await scaler.get(`/wake${q}`, { method: 'POST' });
+      assert.equal(res.status, 400, q);
+      assert.match(res.text, /want POST \/wake\?model=NAME/, q);
     }
     const m = await scaler.metrics();
-    assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'ok' }), 2);
-    assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'refused' }), 7);
+    assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'ok' }), 4);
+    assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'refused' }), 1 + refused.length);
     assert.equal(sampleValue(m, 'thaw_scaler_wake_messages_total', { model: 'wake-http-m' }), 1);
   } finally {
     stream.cancel();

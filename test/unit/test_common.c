@@ -15,6 +15,7 @@
 #include "alloc.h"
 #include "expo.h"
 #include "log.h"
+#include "model_name.h"
 #include "options.h"
 #include "strmap.h"
 
@@ -287,6 +288,40 @@ static void test_log(void **unused)
     assert_int_equal(log_level_parse("verbose", &l), -1);
 }
 
+/* The shared model-name rule and the /wake query decoder. */
+static void test_model_name(void **state)
+{
+    (void)state;
+    char big[MODEL_NAME_MAX + 2];
+    memset(big, 'x', sizeof(big));
+    assert_true(model_name_valid("llama-8b", 8));
+    assert_true(model_name_valid("org/m 1 \xc3\xa9", 10)); /* space and UTF-8 allowed */
+    assert_true(model_name_valid(big, MODEL_NAME_MAX));
+    assert_false(model_name_valid(big, MODEL_NAME_MAX + 1));
+    assert_false(model_name_valid("", 0));
+    assert_false(model_name_valid("a\nb", 3));
+    assert_false(model_name_valid("a\0b", 3));
+    assert_false(model_name_valid("a\x7f", 2));
+    assert_false(model_name_valid("\xc2\x85", 2));         /* C1 control NEL */
+    assert_false(model_name_valid("\xff", 1));             /* not UTF-8 */
+    assert_false(model_name_valid("\xc0\xaf", 2));         /* overlong '/' */
+    assert_false(model_name_valid("\xed\xa0\x80", 3));     /* surrogate */
+    assert_false(model_name_valid("\xf4\x90\x80\x80", 4)); /* past U+10FFFF */
+    assert_false(model_name_valid("\xe2\x82", 2));         /* cut short */
+    char out[MODEL_NAME_MAX + 1];
+    assert_int_equal(model_name_from_query("org%2Fm+1", 9, out, sizeof(out)), 7);
+    assert_string_equal(out, "org/m 1");
+    assert_int_equal(model_name_from_query("%41b", 4, out, sizeof(out)), 2);
+    assert_string_equal(out, "Ab");
+    assert_int_equal(model_name_from_query("ab%00cd", 7, out, sizeof(out)), -1);
+    assert_int_equal(model_name_from_query("a%4", 3, out, sizeof(out)), -1);
+    assert_int_equal(model_name_from_query("a%", 2, out, sizeof(out)), -1);
+    assert_int_equal(model_name_from_query("a%zz", 4, out, sizeof(out)), -1);
+    assert_int_equal(model_name_from_query("", 0, out, sizeof(out)), -1);
+    assert_int_equal(model_name_from_query(big, MODEL_NAME_MAX + 1, out, sizeof(out)), -1);
+    assert_int_equal(model_name_from_query(big, MODEL_NAME_MAX, out, sizeof(out)), MODEL_NAME_MAX);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -297,6 +332,7 @@ int main(void)
         cmocka_unit_test(test_split_hostport),
         cmocka_unit_test(test_strmap),
         cmocka_unit_test(test_log),
+        cmocka_unit_test(test_model_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
