@@ -66,6 +66,7 @@ struct backend {
     long dns_refresh_waking_ms;
     unsigned cap;      /* maxConcurrencyPerEndpoint (0: none) */
     bool split;        /* the cap is shared by `peers` activators */
+    bool stopped;      /* backend_stop: no lookups or polls until reconfigured */
     unsigned peers;    /* live activators, this one included */
     long upstream_idle_ms;
     size_t max_idle;
@@ -525,6 +526,7 @@ void backend_stop(struct backend *b)
 {
     stop_source(b);
     backend_probe_stop(b);
+    b->stopped = true;
 }
 
 static int apply_settings(struct backend *b, const struct model_config *mc,
@@ -636,9 +638,11 @@ int backend_reconfigure(struct backend *b, const struct model_config *mc,
     if (apply_settings(b, mc, lim) < 0)
         return -1;
     const char *src = mc->backend ? mc->backend : mc->endpoints_file;
-    if (strcmp(src, b->source) == 0)
+    if (!b->stopped && strcmp(src, b->source) == 0)
         return 0;
-    LOG_INFO("backend_changed", "from=%s to=%s", b->source, src);
+    if (!b->stopped)
+        LOG_INFO("backend_changed", "from=%s to=%s", b->source, src);
+    b->stopped = false;
     stop_source(b);
     return start_source(b, mc);
 }

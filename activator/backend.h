@@ -80,9 +80,10 @@ struct endpoint *backend_pick(struct backend *b);
 size_t backend_capacity(const struct backend *b);
 bool backend_any_healthy(const struct backend *b);
 
-/* No more DNS lookups, file polls or probes (the drain is over). A lookup
- * under way is cancelled and finished by libevent on a later loop turn, so
- * call this while the loop still runs. The endpoints stay as they are. */
+/* No more DNS lookups, file polls or probes (the drain is over, or a
+ * fallback was removed). A lookup under way is cancelled and finished by
+ * libevent on a later loop turn, so call this while the loop still runs. The
+ * endpoints stay as they are; backend_reconfigure starts it again. */
 void backend_stop(struct backend *b);
 
 void backend_probe_start(struct backend *b);

@@ -81,6 +81,7 @@ struct req {
     int64_t starved_since_ms; /* first failure to get a local socket, 0 if none */
     int64_t cold_ms; /* time held, -1 if never */
     bool via_fallback; /* sent (or being sent) to the model's fallbackBackend */
+    bool fallback_counted; /* counted in fallback_requests (once, however often sent) */
     bool stream;
     struct event *heartbeat;
     bool early_head; /* an SSE head was sent while held */
@@ -468,6 +469,8 @@ static void head_value(const struct req *r, const char *name, char *out, size_t 
  * the response to start, holding included. */
 static void log_access(const struct req *r, enum proxy_outcome o)
 {
+    if (log_get_level() > LOG_LEVEL_INFO)
+        return; /* the line would be dropped: skip the header scans */
     const struct client *cl = r->cl;
     char method[24], target[300], id[130], qtarget[320], qid[150], qmodel[300], qmethod[40];
     char traceparent[64], trace[40] = "";
@@ -482,6 +485,10 @@ static void log_access(const struct req *r, enum proxy_outcome o)
     int64_t now = clock_mono_us();
     long long total_ms = r->t_start_us ? (long long)((now - r->t_start_us) / 1000) : 0;
     long long head_ms = r->t_head_us ? (long long)((r->t_head_us - r->t_start_us) / 1000) : -1;
+    /* Held and ended there (timeout, shed, drain): held until now. */
+    long long held_ms = r->cold_ms >= 0 ? (long long)r->cold_ms
+                        : r->was_held ? (long long)(now_ms() - r->hq.enqueued_ms)
+                                      : -1;
     LOG_INFO("access",
              "model=%s method=%s target=%s status=%d outcome=%s client=%s endpoint=%s tier=%s "
              "held_ms=%lld late=%s stream=%s retries=%d body_bytes=%llu head_ms=%lld "
@@ -490,10 +497,23 @@ static void log_access(const struct req *r, enum proxy_outcome o)
              method[0] ? log_quote(qmethod, sizeof(qmethod), method) : "-",
              target[0] ? log_quote(qtarget, sizeof(qtarget), target) : "-", r->status_sent,
              proxy_outcome_to_str(o), cl->ip[0] ? cl->ip : "-", r->ep_label[0] ? r->ep_label : "-",
-             tier_to_str(r->tier), (long long)r->cold_ms, r->released_late ? "true" : "false",
+             tier_to_str(r->tier), held_ms, r->released_late ? "true" : "false",
              r->stream ? "true" : "false", r->sent_retries, (unsigned long long)r->body_read,
              head_ms, total_ms, id[0] ? log_quote(qid, sizeof(qid), id) : "-",
              trace[0] ? trace : "-");
+}
+
+/* The access line of a request that ended before its head was read: what is
+ * known is the client, the status sent (0: none) and the outcome. */
+static void log_access_head(struct client *cl, int status, enum proxy_outcome o)
+{
+    struct req none;
+    memset(&none, 0, sizeof(none));
+    none.cl = cl;
+    none.cold_ms = -1;
+    none.tier = TIER_NORMAL;
+    none.status_sent = status;
+    log_access(&none, o);
 }
 
 /* Ends r with outcome o. The response (if any) is already in the output. */
@@ -549,7 +569,10 @@ static void req_fail(struct req *r, int status, enum proxy_outcome o, const char
         return;
     }
     write_error(r->cl, status, code, msg, close, r->early_head);
-    r->status_sent = status;
+    if (!r->early_head) { /* else the client has our 200 SSE head */
+        r->status_sent = status;
+        r->t_head_us = clock_mono_us();
+    }
     req_end(r, o, close);
 }
 
@@ -684,8 +707,10 @@ static int parse_resp_head(struct req *r)
         evbuffer_drain(in, (size_t)rc);
         r->resp_head_done = true;
         int64_t now = clock_mono_us();
-        r->t_head_us = now;
-        r->status_sent = r->resp_status;
+        if (!early) { /* else the client has had our 200 SSE head since then */
+            r->t_head_us = now;
+            r->status_sent = r->resp_status;
+        }
         expo_histogram_observe(&r->m->ttfb_hist, (double)(now - r->t_dispatch_us) / 1e6);
         expo_histogram_observe(&r->m->head_hist, (double)(now - r->t_start_us) / 1e6);
         if (early && !sse_ok) {
@@ -1182,6 +1207,8 @@ static void send_heartbeat_head(struct req *r)
                         r->keep_alive && r->body_done ? "" : "Connection: close\r\n");
     r->early_head = true;
     r->close_after = !r->keep_alive || !r->body_done;
+    r->status_sent = 200;
+    r->t_head_us = clock_mono_us();
 }
 
 /* What a held request costs besides its head and body bytes: the request,
@@ -1355,7 +1382,10 @@ static void release_to_fallback(struct model_rt *m)
             break;
         struct req *r = req_of_node(n);
         r->via_fallback = true;
-        m->fallback_requests++;
+        if (!r->fallback_counted) {
+            r->fallback_counted = true;
+            m->fallback_requests++;
+        }
         sent++;
         send_held(r, now - n->enqueued_ms);
     }
@@ -1405,8 +1435,9 @@ static int fallback_apply(struct model_rt *m, const struct model_config *mc)
 {
     struct proxy *px = m->px;
     if (!mc->fallback_backend) {
+        /* Kept (requests on it finish), but no more lookups or probes. */
         if (m->fallback_be)
-            backend_probe_stop(m->fallback_be);
+            backend_stop(m->fallback_be);
         if (m->fallback_timer)
             evtimer_del(m->fallback_timer);
         return 0;
@@ -1476,6 +1507,13 @@ static void send_wake(struct model_rt *m)
     }
 }
 
+/* Requests that want the model: held, and those its fallback serves in the
+ * meantime (the model keeps waking for them). */
+static size_t model_waiting(const struct model_rt *m)
+{
+    return m->hq.count + m->fallback_inflight;
+}
+
 static void model_wake_with(struct model_rt *m)
 {
     struct proxy *px = m->px;
@@ -1485,7 +1523,7 @@ static void model_wake_with(struct model_rt *m)
             continue;
         struct model_rt *o = px->models[idx];
         /* Only a cold model reacts, so wakeWith cycles end. */
-        unsigned act = model_sm_handle(&o->sm, MEV_WAKE, now_ms(), o->hq.count);
+        unsigned act = model_sm_handle(&o->sm, MEV_WAKE, now_ms(), model_waiting(o));
         model_apply(o, act);
     }
 }
@@ -1502,12 +1540,15 @@ static void model_apply(struct model_rt *m, unsigned act)
     }
     if (act & MACT_RELEASE)
         release_held(m);
+    /* Any state change may open or close the way to the fallback (a ready
+     * model whose endpoints all went, with requests queued at its cap). */
+    arm_fallback_timer(m);
 }
 
 static void model_dispatch(struct req *r, enum model_event ev)
 {
     struct model_rt *m = r->m;
-    unsigned act = model_sm_handle(&m->sm, ev, now_ms(), m->hq.count);
+    unsigned act = model_sm_handle(&m->sm, ev, now_ms(), model_waiting(m));
     /* The request first, so the held count already includes it when the
      * wake signal and held count go out. */
     if (act & MACT_FORWARD)
@@ -1522,7 +1563,7 @@ static void model_dispatch(struct req *r, enum model_event ev)
 static void on_backend_healthy(void *ud)
 {
     struct model_rt *m = ud;
-    unsigned act = model_sm_handle(&m->sm, MEV_PROBE_OK, now_ms(), m->hq.count);
+    unsigned act = model_sm_handle(&m->sm, MEV_PROBE_OK, now_ms(), model_waiting(m));
     model_apply(m, act);
 }
 
@@ -1530,7 +1571,7 @@ static void on_backend_down(void *ud, enum backend_down_reason why)
 {
     struct model_rt *m = ud;
     enum model_event ev = why == BACKEND_DOWN_REQUEST ? MEV_BACKEND_DOWN : MEV_ENDPOINTS_GONE;
-    unsigned act = model_sm_handle(&m->sm, ev, now_ms(), m->hq.count);
+    unsigned act = model_sm_handle(&m->sm, ev, now_ms(), model_waiting(m));
     model_apply(m, act);
 }
 
@@ -1545,7 +1586,7 @@ static void publish_held(struct model_rt *m)
      * socket), a serving backlog; otherwise it waits for the model to wake,
      * and so do the requests its fallback serves meanwhile. */
     bool ready = m->sm.state == MODEL_READY;
-    size_t n = m->hq.count + (ready ? 0 : m->fallback_inflight);
+    size_t n = ready ? m->hq.count : model_waiting(m);
     if (n == 0 && !m->held_published)
         return;
     size_t held = ready ? 0 : n;
@@ -1779,6 +1820,8 @@ static void fail_head(struct client *cl, int status, const char *code, const cha
     cl->in_head = false;
     disarm_timer(cl);
     count_outcome(cl->px, NULL, outcome_for_status(status));
+    if (cl->px->access_log)
+        log_access_head(cl, status, outcome_for_status(status));
     write_error(cl, status, code, msg, true, false);
     client_close(cl, true); /* the rest of the head, or a body, may be on its way */
 }
@@ -1853,6 +1896,8 @@ static void client_drop_req(struct client *cl, enum proxy_outcome o)
         struct req *r = cl->req;
         cl->req = NULL;
         count_outcome(px, r->m, o);
+        if (px->access_log && !px->freeing)
+            log_access(r, o);
         struct model_rt *m = r->m;
         bool held = r->state == RS_HELD;
         req_free(r);
@@ -1863,6 +1908,8 @@ static void client_drop_req(struct client *cl, enum proxy_outcome o)
     } else if (cl->in_head) {
         cl->in_head = false;
         count_outcome(px, NULL, o);
+        if (px->access_log && !px->freeing)
+            log_access_head(cl, 0, o);
     }
 }
 
@@ -2342,7 +2389,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     int64_t now = now_ms();
     for (size_t i = 0; i < px->nmodels; i++) {
         struct model_rt *m = px->models[i];
-        model_apply(m, model_sm_handle(&m->sm, MEV_TICK, now, m->hq.count));
+        model_apply(m, model_sm_handle(&m->sm, MEV_TICK, now, model_waiting(m)));
     }
     free_removed(px);
     reap_held_clients(px);
@@ -2366,7 +2413,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
              * keeps a waking model wanted: the direct wake stands in for it,
              * renewed as often. */
             if (px->scaler_wake && m->sm.state == MODEL_WAKING &&
-                m->hq.count + m->fallback_inflight > 0 &&
+                model_waiting(m) > 0 &&
                 !(px->redis && redis_link_up(px->redis)))
                 scaler_wake_send(px->scaler_wake, m->name);
             if (m->wake_pending && px->redis && redis_link_up(px->redis)) {
@@ -2685,7 +2732,7 @@ int proxy_reload(struct proxy *px, struct config *cfg)
             continue;
         struct model_rt *m = px->models[k];
         m->removed = true;
-        model_apply(m, model_sm_handle(&m->sm, MEV_DRAIN, now_ms(), m->hq.count));
+        model_apply(m, model_sm_handle(&m->sm, MEV_DRAIN, now_ms(), model_waiting(m)));
         m->next_removed = px->removed;
         px->removed = m;
     }
@@ -2783,7 +2830,7 @@ void proxy_drain(struct proxy *px, void (*done)(void *ud), void *ud)
              px->cfg->limits.drain_timeout_ms);
     for (size_t i = 0; i < px->nmodels; i++) {
         struct model_rt *m = px->models[i];
-        model_apply(m, model_sm_handle(&m->sm, MEV_DRAIN, now_ms(), m->hq.count));
+        model_apply(m, model_sm_handle(&m->sm, MEV_DRAIN, now_ms(), model_waiting(m)));
     }
     for (struct client *cl = px->clients; cl; cl = cl->next) {
         if (!cl->req && !cl->in_head)
@@ -2806,7 +2853,7 @@ int proxy_wake(struct proxy *px, const char *model)
     if (idx < 0)
         return -1;
     struct model_rt *m = px->models[idx];
-    model_apply(m, model_sm_handle(&m->sm, MEV_WAKE, now_ms(), m->hq.count));
+    model_apply(m, model_sm_handle(&m->sm, MEV_WAKE, now_ms(), model_waiting(m)));
     return 0;
 }
 

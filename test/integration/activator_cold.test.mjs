@@ -9,7 +9,10 @@ import {
   assert, assertAccounted, complete, freePort, metricSum, request, sleep, startActivator,
   startFakeVllm, subscribe, waitUntil,
 } from './activator_lib.mjs';
-import { startRedis } from './lib/harness.mjs';
+import fs from 'node:fs';
+import path from 'node:path';
+
+import { startRedis, tmpDir } from './lib/harness.mjs';
 
 let redis;
 let wakes;
@@ -344,8 +347,8 @@ test('fallbackBackend: requests held fallbackAfterSeconds go to the fallback whi
   let main = null;
   try {
     const t0 = Date.now();
-    const first = Array.from({ length: 3 }, (_, i) => complete(act.port, 'fbm', { prompt: `f${i}`, maxTokens: 20 }));
-    // Held for a second, then on the fallback (20 tokens at 10/s: about 2 s
+    const first = Array.from({ length: 3 }, (_, i) => complete(act.port, 'fbm', { prompt: `f${i}`, maxTokens: 60 }));
+    // Held for a second, then on the fallback (60 tokens at 10/s: about 6 s
     // there), published to the scaler as held all along.
     await waitUntil(async () => (await act.model('fbm')).fallbackRequests === 3, 3000, { what: 'sent to the fallback' });
     const sentAt = Date.now() - t0;
@@ -363,7 +366,11 @@ test('fallbackBackend: requests held fallbackAfterSeconds go to the fallback whi
     assert.equal((await act.model('fbm')).state, 'waking', 'the model itself is still waking');
 
     // The model comes up: a request waiting less than fallbackAfterSeconds
-    // goes to it, not to the fallback.
+    // goes to it, not to the fallback (30 s now, so the start-up of the
+    // model's server cannot race it).
+    act.writeConfig({ models: [modelCfg('fbm', mainPort, { fallbackBackend: fb.url, fallbackAfterSeconds: 30 })] });
+    act.proc.proc.kill('SIGHUP');
+    await act.proc.waitForLog(/event=config_reloaded/, 3000);
     const second = complete(act.port, 'fbm', { prompt: 'main' });
     await sleep(300);
     main = await startFakeVllm({ model: 'fbm', port: mainPort });
@@ -403,6 +410,81 @@ test('fallbackBackend down: it takes nothing; held requests wait for the model a
       assert.equal(r.status, 200);
       assert.equal(r.headers['x-thaw-fallback'], undefined);
     }
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await main?.stop();
+  }
+});
+
+test('fallbackBackend: requests queued at the cap go to the fallback when the model\'s endpoints all go', async () => {
+  const main = await startFakeVllm({ model: 'fbq', tokensPerSecond: 10, waitReady: true });
+  const fb = await startFakeVllm({ model: 'fbq', waitReady: true });
+  const eps = path.join(tmpDir('thaw-fbq-'), 'eps');
+  fs.writeFileSync(eps, `127.0.0.1:${main.port}\n`);
+  const act = await startActivator({
+    models: [{ name: 'fbq', endpointsFile: eps, probeInitialMs: 5, probeMaxMs: 20, maxConcurrencyPerEndpoint: 1,
+      fallbackBackend: fb.url, fallbackAfterSeconds: 0.3, holdTimeoutSeconds: 20 }],
+  }, { redisUrl: redis.url });
+  try {
+    assert.equal((await complete(act.port, 'fbq')).status, 200); // ready
+    const a = complete(act.port, 'fbq', { maxTokens: 30 }); // 3 s on the only slot
+    await waitUntil(async () => (await act.model('fbq')).inflight === 1, 3000, { what: 'a in flight' });
+    const b = complete(act.port, 'fbq', { prompt: 'queued' });
+    await waitUntil(async () => (await act.model('fbq')).held === 1, 3000, { what: 'b queued at the cap' });
+    fs.writeFileSync(eps, '# scaled to zero\n'); // the replica leaves the list
+    const rb = await b;
+    assert.equal(rb.status, 200, rb.body.toString());
+    assert.equal(rb.headers['x-thaw-fallback'], 'true');
+    assert.equal((await a).status, 200, 'the request on the leaving replica finishes');
+    assert.equal((await act.model('fbq')).fallbackRequests, 1);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await main.stop();
+    await fb.stop();
+  }
+});
+
+test('fallbackBackend: the model keeps waking while the fallback serves everything (past holdTimeoutSeconds)', async () => {
+  const deadPort = await freePort();
+  const fb = await startFakeVllm({ model: 'fbw', tokensPerSecond: 10, waitReady: true });
+  const act = await startActivator({
+    models: [modelCfg('fbw', deadPort, { fallbackBackend: fb.url, fallbackAfterSeconds: 0.2, holdTimeoutSeconds: 1.5 })],
+  }, { redisUrl: redis.url });
+  try {
+    const r = complete(act.port, 'fbw', { maxTokens: 40, timeoutMs: 20000 }); // about 4 s on the fallback
+    await waitUntil(async () => (await act.model('fbw')).fallbackRequests === 1, 3000, { what: 'on the fallback' });
+    await sleep(2500); // past holdTimeoutSeconds with nothing in the hold queue
+    assert.equal((await act.model('fbw')).state, 'waking', 'still waking (and probing) for the request on the fallback');
+    assert.equal((await r).status, 200);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await fb.stop();
+  }
+});
+
+test('fallbackBackend that stops answering: requests go back to the hold queue, the model serves them, each counted once', async () => {
+  const mainPort = await freePort();
+  const fb = await startFakeVllm({ model: 'fbs', waitReady: true });
+  const act = await startActivator({
+    models: [modelCfg('fbs', mainPort, { fallbackBackend: fb.url, fallbackAfterSeconds: 0.2 })],
+  }, { redisUrl: redis.url });
+  let main = null;
+  try {
+    const r1 = await complete(act.port, 'fbs');
+    assert.equal(r1.headers['x-thaw-fallback'], 'true');
+    await fb.stop();
+    const r2 = complete(act.port, 'fbs', { timeoutMs: 20000 });
+    await waitUntil(async () => (await act.model('fbs')).fallbackRequests === 2, 3000, { what: 'sent to the dead fallback' });
+    await sleep(500);
+    assert.equal((await act.model('fbs')).held, 1, 'back in the hold queue');
+    main = await startFakeVllm({ model: 'fbs', port: mainPort });
+    const res = await r2;
+    assert.equal(res.status, 200);
+    assert.equal(res.headers['x-thaw-fallback'], undefined, 'served by the model');
+    assert.equal((await act.model('fbs')).fallbackRequests, 2, 'each request counted once');
     await assertAccounted(act);
   } finally {
     await act.stop();

@@ -637,3 +637,46 @@ test('--access-log 1: one event=access line per finished request, with its outco
     await late?.stop();
   }
 });
+
+test('--access-log 1: requests that end without a backend answer get their line too', async () => {
+  const deadPort = await freePort();
+  const a = await startActivator({
+    models: [{ name: 'gone', backend: `http://127.0.0.1:${deadPort}`, holdTimeoutSeconds: 0.5,
+      sseHeartbeatSeconds: 0.1, probeInitialMs: 5, probeMaxMs: 20 },
+    { name: 'left', backend: `http://127.0.0.1:${deadPort}`, probeInitialMs: 5, probeMaxMs: 20 }],
+  }, { args: ['--access-log', '1'] });
+  try {
+    // The client gives up while its request is held.
+    await assert.rejects(complete(a.port, 'left', { timeoutMs: 400 }), /client timeout/);
+    // Held until the hold timeout, plain and streaming (an early SSE head).
+    assert.equal((await complete(a.port, 'gone')).status, 504);
+    const sse = await complete(a.port, 'gone', { stream: true });
+    assert.equal(sse.status, 200);
+    // A head that is not HTTP.
+    const bad = await rawExchange(a.port, 'NOT HTTP AT ALL\r\n\r\n');
+    assert.match(bad.text, /^HTTP\/1\.1 400/);
+    await waitUntil(() => (a.proc.output().match(/event=access /g) ?? []).length >= 4, 3000,
+      { what: 'four access lines' });
+    const lines = a.proc.output().split('\n').filter((l) => l.includes('event=access '));
+    const field = (line, k) => new RegExp(`\\b${k}=(\\S+)`).exec(line)?.[1];
+    const byOutcome = (o) => lines.filter((l) => new RegExp(`outcome=${o}\\b`).test(l));
+    const [left] = byOutcome('client_closed');
+    assert.ok(left, lines.join('\n'));
+    assert.equal(field(left, 'model'), 'left');
+    assert.equal(field(left, 'status'), '0');
+    assert.ok(Number(field(left, 'held_ms')) >= 300, left);
+    const [plain, stream] = byOutcome('hold_timeout');
+    assert.equal(field(plain, 'status'), '504');
+    assert.ok(Number(field(plain, 'held_ms')) >= 450, plain);
+    assert.ok(Number(field(plain, 'head_ms')) >= 450, plain);
+    assert.equal(field(stream, 'status'), '200', 'the client had our 200 SSE head');
+    assert.ok(Number(field(stream, 'head_ms')) < 400, stream);
+    assert.ok(Number(field(stream, 'held_ms')) >= 450, stream);
+    const [head] = byOutcome('bad_request');
+    assert.equal(field(head, 'model'), '-');
+    assert.equal(field(head, 'status'), '400');
+    assert.equal(field(head, 'client'), '127.0.0.1');
+  } finally {
+    await a.stop();
+  }
+});

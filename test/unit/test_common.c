@@ -314,7 +314,12 @@ static void test_model_name(void **state)
     assert_int_equal(model_name_from_query("%41b", 4, out, sizeof(out)), 2);
     assert_string_equal(out, "Ab");
     assert_int_equal(model_name_from_query("ab%00cd", 7, out, sizeof(out)), -1);
-    assert_int_equal(model_name_from_query("a%4", 3, out, sizeof(out)), -1);
+    assert_int_equal(model_name_from_query("a%4X", 3, out, sizeof(out)), -1); /* ends at "%4" */
+    assert_int_equal(model_name_from_query("a%2B", 4, out, sizeof(out)), 2);
+    assert_string_equal(out, "a+");
+    assert_int_equal(model_name_from_query("%F0%9F%A6%99", 12, out, sizeof(out)), 4);
+    assert_true(model_name_valid("\xf0\x9f\xa6\x99", 4)); /* 4-byte UTF-8 */
+    assert_false(model_name_valid("a\x80", 2));             /* lone continuation byte */
     assert_int_equal(model_name_from_query("a%", 2, out, sizeof(out)), -1);
     assert_int_equal(model_name_from_query("a%zz", 4, out, sizeof(out)), -1);
     assert_int_equal(model_name_from_query("", 0, out, sizeof(out)), -1);
