@@ -48,6 +48,8 @@
 #   BENCH_PIN=0     do not pin processes to cores
 #   BENCH_VERBOSE=1 also print every round's figures
 #   BENCH_KEEP_TMP=1  keep the temporary directory (configs, logs, wrk output)
+#   BENCH_ACT_ARGS  extra thaw-activator flags, e.g. "--access-log 1" (its log
+#                   goes to a file in the temporary directory)
 
 set -euo pipefail
 
@@ -169,7 +171,8 @@ pids+=("$be_pid")
 px_pid=$(start_nginx proxy "${pin_srv[@]}")
 pids+=("$px_pid")
 "${pin_srv[@]}" "$act_bin" --config "$tmp/activator.json" --listen "127.0.0.1:$act_port" \
-    --admin-listen "127.0.0.1:$act_admin" --instance-id bench >"$tmp/activator.log" 2>&1 &
+    --admin-listen "127.0.0.1:$act_admin" --instance-id bench ${BENCH_ACT_ARGS:-} \
+    >"$tmp/activator.log" 2>&1 &
 act_pid=$!
 pids+=("$act_pid")
 
