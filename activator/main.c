@@ -273,8 +273,8 @@ int main(int argc, char **argv)
     }
     proxy_set_access_log(app.px, app.s.access_log != 0);
     if (app.s.scaler_wake_url &&
-        proxy_set_scaler_wake(app.px, app.s.scaler_wake_url, app.s.scaler_wake_timeout_ms, err,
-                              sizeof(err)) < 0) {
+        proxy_set_scaler_wake(app.px, app.s.scaler_wake_url, instance,
+                              app.s.scaler_wake_timeout_ms, err, sizeof(err)) < 0) {
         fprintf(stderr, "thaw-activator: --scaler-wake-url: %s\n", err);
         rc = 2;
         goto out;

@@ -1490,13 +1490,20 @@ static void release_held(struct model_rt *m)
 
 /* ---- models ---- */
 
+/* Requests that want the model: held, and those its fallback serves in the
+ * meantime (the model keeps waking for them). */
+static size_t model_waiting(const struct model_rt *m)
+{
+    return m->hq.count + m->fallback_inflight;
+}
+
 static void send_wake(struct model_rt *m)
 {
     struct proxy *px = m->px;
     m->wakes++;
     /* Straight to the scaler too, so Redis is not the one path a wake has. */
     if (px->scaler_wake)
-        scaler_wake_send(px->scaler_wake, m->name);
+        scaler_wake_send(px->scaler_wake, m->name, model_waiting(m));
     if (px->redis && redis_link_wake(px->redis, m->name) == 0) {
         m->wake_signals++;
         m->wake_pending = false;
@@ -1505,13 +1512,6 @@ static void send_wake(struct model_rt *m)
         m->wake_pending = true; /* sent when Redis is back, if still wanted */
         LOG_INFO("wake_signal_deferred", "model=%s", m->name);
     }
-}
-
-/* Requests that want the model: held, and those its fallback serves in the
- * meantime (the model keeps waking for them). */
-static size_t model_waiting(const struct model_rt *m)
-{
-    return m->hq.count + m->fallback_inflight;
 }
 
 static void model_wake_with(struct model_rt *m)
@@ -2415,7 +2415,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
             if (px->scaler_wake && m->sm.state == MODEL_WAKING &&
                 model_waiting(m) > 0 &&
                 !(px->redis && redis_link_up(px->redis)))
-                scaler_wake_send(px->scaler_wake, m->name);
+                scaler_wake_send(px->scaler_wake, m->name, model_waiting(m));
             if (m->wake_pending && px->redis && redis_link_up(px->redis)) {
                 if (m->sm.state == MODEL_WAKING)
                     send_wake(m);
@@ -2494,14 +2494,15 @@ static int ensure_dns(struct proxy *px, const struct config *cfg)
     return create_dns(px);
 }
 
-int proxy_set_scaler_wake(struct proxy *px, const char *url, long timeout_ms, char *err,
-                          size_t errlen)
+int proxy_set_scaler_wake(struct proxy *px, const char *url, const char *instance,
+                          long timeout_ms, char *err, size_t errlen)
 {
     if (scaler_wake_url_needs_dns(url) && !px->dns && create_dns(px) < 0) {
         snprintf(err, errlen, "could not set up DNS resolution");
         return -1;
     }
-    struct scaler_wake *sw = scaler_wake_new(px->base, px->dns, url, timeout_ms, err, errlen);
+    struct scaler_wake *sw =
+        scaler_wake_new(px->base, px->dns, url, instance, timeout_ms, err, errlen);
     if (!sw)
         return -1;
     scaler_wake_free(px->scaler_wake);

@@ -74,8 +74,8 @@ void proxy_set_access_log(struct proxy *px, bool on);
  * of url, activator/scaler_wake.h), and while Redis is down renews it every
  * second for each waking model with held requests. Returns 0, or -1 with err
  * (bad URL, no resolver). */
-int proxy_set_scaler_wake(struct proxy *px, const char *url, long timeout_ms, char *err,
-                          size_t errlen);
+int proxy_set_scaler_wake(struct proxy *px, const char *url, const char *instance,
+                          long timeout_ms, char *err, size_t errlen);
 size_t proxy_model_count(const struct proxy *px);
 long proxy_drain_timeout_ms(const struct proxy *px);
 

@@ -41,6 +41,7 @@ struct scaler_wake {
     char host[256];
     int port;
     bool host_is_ip;
+    char instance[3 * MODEL_NAME_MAX + 1]; /* percent-encoded */
     long timeout_ms;
     struct post *posts;
     struct resolve *resolves;
@@ -63,8 +64,11 @@ int scaler_wake_url_needs_dns(const char *url)
     return !is_ip_literal(host);
 }
 
+static int encode(const char *s, char *out, size_t outlen);
+
 struct scaler_wake *scaler_wake_new(struct event_base *base, struct evdns_base *dns,
-                                    const char *url, long timeout_ms, char *err, size_t errlen)
+                                    const char *url, const char *instance, long timeout_ms,
+                                    char *err, size_t errlen)
 {
     struct scaler_wake *sw = thaw_calloc(1, sizeof(*sw));
     if (!sw) {
@@ -73,6 +77,13 @@ struct scaler_wake *scaler_wake_new(struct event_base *base, struct evdns_base *
     }
     if (config_parse_backend_url(url, sw->host, sizeof(sw->host), &sw->port) < 0) {
         snprintf(err, errlen, "expected http://HOST[:PORT] without a path, got '%s'", url);
+        thaw_free(sw);
+        return NULL;
+    }
+    if (!model_name_valid(instance, strlen(instance)) ||
+        encode(instance, sw->instance, sizeof(sw->instance)) < 0) {
+        snprintf(err, errlen, "instance id: 1-%d bytes without control characters",
+                 MODEL_NAME_MAX);
         thaw_free(sw);
         return NULL;
     }
@@ -259,18 +270,18 @@ static int encode(const char *s, char *out, size_t outlen)
     return 0;
 }
 
-int scaler_wake_send(struct scaler_wake *sw, const char *model)
+int scaler_wake_send(struct scaler_wake *sw, const char *model, size_t held)
 {
     char enc[MAX_ENCODED];
     if (encode(model, enc, sizeof(enc)) < 0) {
         sw->stats.dropped++;
         return -1;
     }
-    char request[MAX_ENCODED + 400];
+    char request[2 * MAX_ENCODED + 400];
     snprintf(request, sizeof(request),
-             "POST /wake?model=%s HTTP/1.1\r\nHost: %s:%d\r\nContent-Length: 0\r\n"
-             "Connection: close\r\nUser-Agent: thaw-activator\r\n\r\n",
-             enc, sw->host, sw->port);
+             "POST /wake?model=%s&instance=%s&held=%zu HTTP/1.1\r\nHost: %s:%d\r\n"
+             "Content-Length: 0\r\nConnection: close\r\nUser-Agent: thaw-activator\r\n\r\n",
+             enc, sw->instance, held > 9999999 ? (size_t)9999999 : held, sw->host, sw->port);
     if (sw->host_is_ip) {
         struct sockaddr_storage ss;
         int len = (int)sizeof(ss);

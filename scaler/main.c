@@ -235,7 +235,7 @@ static void tls_timer_cb(evutil_socket_t fd, short what, void *arg)
 static void on_wake(void *ud, const char *model)
 {
     struct app *app = ud;
-    scaler_service_wake(app->svc, model);
+    scaler_service_wake(app->svc, model, NULL, 1);
 }
 
 static void on_redis_state(void *ud, bool up)
@@ -390,19 +390,62 @@ static void http_models(struct evhttp_request *req, void *arg)
     evbuffer_free(out);
 }
 
-/* The model= value of a query string, decoded and checked (common/model_name.h):
- * the name's length, or -1. Decoded here, not by evhttp, so that "%00" cannot
- * cut a name short. */
-static long wake_model(const char *query, char *out, size_t outlen)
+/* The raw value of key in a query string (*len set), or NULL. */
+static const char *query_value(const char *query, const char *key, size_t *len)
 {
+    size_t kl = strlen(key);
     for (const char *p = query; p && *p;) {
         const char *amp = strchr(p, '&');
         size_t n = amp ? (size_t)(amp - p) : strlen(p);
-        if (n > 6 && strncmp(p, "model=", 6) == 0)
-            return model_name_from_query(p + 6, n - 6, out, outlen);
+        if (n > kl && p[kl] == '=' && strncmp(p, key, kl) == 0) {
+            *len = n - kl - 1;
+            return p + kl + 1;
+        }
         p = amp ? amp + 1 : NULL;
     }
-    return -1;
+    return NULL;
+}
+
+/* What a POST /wake says: the model, and optionally the activator (instance)
+ * and how many requests it holds (held). Names are decoded here, not by
+ * evhttp, so that "%00" cannot cut one short (common/model_name.h). Returns 0,
+ * or -1 with *why set. */
+struct wake_request {
+    char model[MODEL_NAME_MAX + 1];
+    char instance[MODEL_NAME_MAX + 1];
+    bool has_instance;
+    double held;
+};
+
+static int parse_wake(const char *query, struct wake_request *w, const char **why)
+{
+    size_t len;
+    const char *v = query_value(query, "model", &len);
+    if (!v || model_name_from_query(v, len, w->model, sizeof(w->model)) < 0) {
+        *why = "want POST /wake?model=NAME (percent-encoded UTF-8, 1-512 bytes, no control "
+               "characters)";
+        return -1;
+    }
+    w->has_instance = false;
+    if ((v = query_value(query, "instance", &len))) {
+        if (model_name_from_query(v, len, w->instance, sizeof(w->instance)) < 0) {
+            *why = "instance: 1-512 bytes of percent-encoded UTF-8, no control characters";
+            return -1;
+        }
+        w->has_instance = true;
+    }
+    w->held = 1;
+    if ((v = query_value(query, "held", &len))) {
+        long n = 0;
+        if (len == 0 || len > 7 || strspn(v, "0123456789") < len) {
+            *why = "held: a whole number 0..9999999";
+            return -1;
+        }
+        for (size_t i = 0; i < len; i++)
+            n = n * 10 + (v[i] - '0');
+        w->held = n > 0 ? (double)n : 1; /* a wake is at least one request */
+    }
+    return 0;
 }
 
 /* POST /wake?model=NAME: the activators' wake signal without Redis (the same
@@ -416,19 +459,18 @@ static void http_wake(struct evhttp_request *req, void *arg)
         reply_text(req, 405, "POST", "use POST /wake?model=NAME");
         return;
     }
-    char model[MODEL_NAME_MAX + 1];
-    if (wake_model(evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req)), model,
-                   sizeof(model)) < 0) {
+    struct wake_request w;
+    const char *why = NULL;
+    if (parse_wake(evhttp_uri_get_query(evhttp_request_get_evhttp_uri(req)), &w, &why) < 0) {
         app->http_wakes_refused++;
-        reply_text(req, 400, NULL,
-                   "want POST /wake?model=NAME (percent-encoded UTF-8, 1-512 bytes, no control "
-                   "characters)");
+        reply_text(req, 400, NULL, why);
         return;
     }
     app->http_wakes++;
-    size_t targets = scaler_service_wake(app->svc, model);
+    size_t targets = scaler_service_wake(app->svc, w.model, w.has_instance ? w.instance : NULL,
+                                         w.held);
     struct evbuffer *out = evbuffer_new();
-    json_t *o = json_pack("{s:s,s:I}", "model", model, "targets", (json_int_t)targets);
+    json_t *o = json_pack("{s:s,s:I}", "model", w.model, "targets", (json_int_t)targets);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (out && text)
         evbuffer_add_printf(out, "%s\n", text);

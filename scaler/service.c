@@ -425,10 +425,11 @@ void scaler_service_on_change(void *ud, struct target *t, const struct policy_de
     push_model(svc, target_spec(t)->model, t, now->active, &svc->pushes_change);
 }
 
-size_t scaler_service_wake(struct scaler_service *svc, const char *model)
+size_t scaler_service_wake(struct scaler_service *svc, const char *model, const char *instance,
+                           double held)
 {
     svc->in_wake = true;
-    size_t n = scaler_state_wake(svc->st, model, clock_mono_ms());
+    size_t n = scaler_state_wake(svc->st, model, instance, held, clock_mono_ms());
     svc->in_wake = false;
     push_model(svc, model, NULL, true, &svc->pushes_wake);
     char q[300];

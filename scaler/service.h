@@ -33,9 +33,12 @@ const struct grpc_method *scaler_service_methods(struct scaler_service *svc, siz
 void scaler_service_on_change(void *ud, struct target *t, const struct policy_decision *old,
                               const struct policy_decision *now);
 
-/* A wake message for model (Redis or POST /wake): pushes true on its open
- * streams. Returns how many ScaledObjects name the model. */
-size_t scaler_service_wake(struct scaler_service *svc, const char *model);
+/* A wake for model (a Redis message: instance NULL, held 1; or POST /wake,
+ * which may say the activator and its held count; scaler_state_wake):
+ * pushes true on its open streams. Returns how many ScaledObjects name the
+ * model. */
+size_t scaler_service_wake(struct scaler_service *svc, const char *model, const char *instance,
+                           double held);
 
 /* Operator limits on what tenants' ScaledObjects may ask for: redisKey must
  * start with redis_key_prefix ("" = any); namespaces is a comma-separated

@@ -34,7 +34,14 @@ struct model_sig {
     uint64_t changed_in; /* the source update that last changed an input */
     double prev_rate;    /* before the Prometheus answer being applied */
     bool prev_absent;
-    int64_t wake_until_ms;
+    /* Wakes, each counting its held requests for wake_hold_ms: one claim per
+     * activator that said who it is (POST /wake with instance and held), and
+     * one for the rest (Redis wake messages: 1 request). */
+    struct wake_claim {
+        uint64_t instance; /* FNV-1a of the instance id, 0: unnamed */
+        double held;
+        int64_t until_ms;
+    } claims[WAKE_CLAIMS];
     uint64_t wakes;
     uint64_t decisions[3][POLICY_REASON_COUNT];
     struct target *targets; /* via target->model_next */
@@ -189,9 +196,28 @@ void scaler_state_free(struct scaler_state *st)
 
 /* ---- deciding --------------------------------------------------------- */
 
+/* What the wakes still in force say is held: the named activators' counts
+ * summed (each its latest), or 1 for an unnamed wake if more. Not both added:
+ * an activator's Redis message and its post are one wake. */
+static double wake_held(const struct model_sig *m, int64_t now_ms)
+{
+    double named = 0, unnamed = 0;
+    for (size_t i = 0; i < WAKE_CLAIMS; i++) {
+        if (now_ms >= m->claims[i].until_ms)
+            continue;
+        if (m->claims[i].instance)
+            named += m->claims[i].held;
+        else if (m->claims[i].held > unnamed)
+            unnamed = m->claims[i].held;
+    }
+    return named > unnamed ? named : unnamed;
+}
+
+/* The held input: Redis's count, or what wakes said if more (a wake before
+ * the next read of thaw:held, or Redis down and the activators posting). */
 static double effective_held(const struct model_sig *m, int64_t now_ms)
 {
-    double wake = now_ms < m->wake_until_ms ? 1 : 0;
+    double wake = wake_held(m, now_ms);
     return m->held > wake ? m->held : wake;
 }
 
@@ -622,13 +648,42 @@ void scaler_state_held_ok(struct scaler_state *st, const long long *held, const 
     source_updated(st, SOURCE_REDIS_HELD, update, now_ms);
 }
 
-size_t scaler_state_wake(struct scaler_state *st, const char *model, int64_t now_ms)
+static uint64_t instance_hash(const char *s)
+{
+    uint64_t h = 1469598103934665603ull;
+    for (const unsigned char *p = (const unsigned char *)s; *p; p++)
+        h = (h ^ *p) * 1099511628211ull;
+    return h ? h : 1; /* 0 is the unnamed claim */
+}
+
+size_t scaler_state_wake(struct scaler_state *st, const char *model, const char *instance,
+                         double held, int64_t now_ms)
 {
     struct model_sig *m = strmap_get(st->models, model);
     if (!m)
         return 0;
     m->wakes++;
-    m->wake_until_ms = now_ms + st->cfg.wake_hold_ms;
+    uint64_t id = instance ? instance_hash(instance) : 0;
+    /* Its own slot, else a free (expired) one, else the one ending first. */
+    size_t slot = WAKE_CLAIMS;
+    for (size_t i = 0; i < WAKE_CLAIMS && slot == WAKE_CLAIMS; i++) {
+        if (m->claims[i].instance == id && now_ms < m->claims[i].until_ms)
+            slot = i;
+    }
+    for (size_t i = 0; i < WAKE_CLAIMS && slot == WAKE_CLAIMS; i++) {
+        if (now_ms >= m->claims[i].until_ms)
+            slot = i;
+    }
+    if (slot == WAKE_CLAIMS) {
+        slot = 0;
+        for (size_t i = 1; i < WAKE_CLAIMS; i++) {
+            if (m->claims[i].until_ms < m->claims[slot].until_ms)
+                slot = i;
+        }
+    }
+    m->claims[slot].instance = id;
+    m->claims[slot].held = held >= 1 ? held : 1;
+    m->claims[slot].until_ms = now_ms + st->cfg.wake_hold_ms;
     decide_model(st, m, now_ms);
     return m->ntargets;
 }

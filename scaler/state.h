@@ -83,9 +83,19 @@ size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out)
 void scaler_state_held_ok(struct scaler_state *st, const long long *held, const long long *queued,
                           const long long *late_ms, size_t n, int64_t now_ms);
 
-/* A wake message: the model counts as holding a request for wake_hold_ms.
- * Returns the number of targets of that model (0 when unknown). */
-size_t scaler_state_wake(struct scaler_state *st, const char *model, int64_t now_ms);
+/* Activators that posted wakes with who they are, remembered per model
+ * (more at once: the claims ending first are dropped). */
+#define WAKE_CLAIMS 16
+
+/* A wake: the model counts as holding `held` requests (at least 1) for
+ * wake_hold_ms, from `instance` (an activator's id; NULL: unnamed, e.g. a
+ * Redis wake message). Claims of different instances add up; an instance's
+ * newer claim replaces its older one; unnamed claims count as the largest of
+ * them, not added (an activator's Redis message and its post are one wake).
+ * The held input is the larger of that and Redis's count. Returns the number of targets of that model (0 when
+ * unknown). */
+size_t scaler_state_wake(struct scaler_state *st, const char *model, const char *instance,
+                         double held, int64_t now_ms);
 
 /* Re-decides every target (time passes: stabilization windows, staleness). */
 void scaler_state_tick(struct scaler_state *st, int64_t now_ms);

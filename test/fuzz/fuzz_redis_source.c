@@ -487,7 +487,7 @@ static void on_wake(void *ud, const char *model)
     struct harness *h = ud;
     h->f->progress++;
     FUZZ_CHECK(model != NULL && *model, "empty wake");
-    scaler_state_wake(h->st, model, clock_mono_ms());
+    scaler_state_wake(h->st, model, NULL, 1, clock_mono_ms());
     retick(h);
 }
 

@@ -415,7 +415,7 @@ test('--scaler-wake-url with a name: every address it resolves to (each scaler r
     await waitUntil(() => new Set(hits.map((h) => h.ip)).size === 2, 3000, { what: 'both addresses posted' });
     for (const h of hits) {
       assert.equal(h.method, 'POST');
-      assert.equal(h.url, '/wake?model=org%2Fm1');
+      assert.equal(h.url, '/wake?model=org%2Fm1&instance=act-test&held=1');
     }
     // No Redis: the wake is renewed every second while the request waits.
     await sleep(2000);

@@ -271,6 +271,10 @@ test('Redis down: a cold model still wakes; the activator posts the wake to thaw
     assert.ok(push.t - tReq < 300, `wake pushed ${push.t - tReq} ms after the request`);
     await direct.proc.waitForLog(/event=wake_signal_deferred model=fp-d/, 1000);
 
+    // The posts carry this activator's held count: the scaler sizes the wake
+    // by 3 requests, not 1, without Redis.
+    await waitUntil(async () => (await scaler.model('fp-so-d'))?.inputs.heldRequests === 3, 3000,
+      { what: 'the scaler reads 3 held from the posts' });
     // Renewed every second: past the scaler's held-fresh-seconds (5 s) a
     // replica is still wanted while the weights load.
     await sleep(7000);

@@ -205,17 +205,23 @@ test('POST /wake?model=: the wake without Redis; pushed on the model\'s streams,
     assert.deepEqual(JSON.parse(spaced.text), { model: 'org/m 1 é', targets: 0 });
     const long = await scaler.get(`/wake?model=${'x'.repeat(512)}`, { method: 'POST' });
     assert.equal(long.status, 200);
+    // An activator that says who it is and how many it holds: counted as held.
+    const counted = await scaler.get('/wake?model=wake-http-m&instance=act-1&held=7', { method: 'POST' });
+    assert.equal(counted.status, 200);
+    assert.equal((await scaler.model('wake-http'))?.inputs.heldRequests, 7);
     const refused = ['', '?model=', '?other=1', `?model=${'x'.repeat(513)}`, '?model=a%0Ab',
-      '?model=ab%00cd', '?model=%FF', '?model=%C0%AF', '?model=a%zz', '?model=a%4', '?model=%C2%85'];
+      '?model=ab%00cd', '?model=%FF', '?model=%C0%AF', '?model=a%zz', '?model=a%4', '?model=%C2%85',
+      '?model=m&held=abc', '?model=m&held=12345678', '?model=m&held=', '?model=m&instance=a%00b',
+      '?model=m&instance='];
     for (const q of refused) {
       const res = await scaler.get(`/wake${q}`, { method: 'POST' });
       assert.equal(res.status, 400, q);
-      assert.match(res.text, /want POST \/wake\?model=NAME/, q);
+      assert.match(res.text, /want POST \/wake\?model=NAME|held: a whole number|instance: 1-512 bytes/, q);
     }
     const m = await scaler.metrics();
-    assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'ok' }), 4);
+    assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'ok' }), 5);
     assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'refused' }), 1 + refused.length);
-    assert.equal(sampleValue(m, 'thaw_scaler_wake_messages_total', { model: 'wake-http-m' }), 1);
+    assert.equal(sampleValue(m, 'thaw_scaler_wake_messages_total', { model: 'wake-http-m' }), 2);
   } finally {
     stream.cancel();
   }

@@ -131,7 +131,7 @@ static void test_held_and_wake(void **unused)
     assert_false(target_decision(t)->active);
 
     changes = 0;
-    assert_int_equal(scaler_state_wake(st, "m1", 1000), 1);
+    assert_int_equal(scaler_state_wake(st, "m1", NULL, 1, 1000), 1);
     assert_int_equal(changes, 1);
     assert_true(last_change.active);
     /* A held poll racing the wake does not flip it back... */
@@ -140,7 +140,61 @@ static void test_held_and_wake(void **unused)
     /* ...until the wake hold expires. */
     scaler_state_tick(st, 6001);
     assert_false(target_decision(t)->active);
-    assert_int_equal(scaler_state_wake(st, "unknown", 7000), 0);
+    assert_int_equal(scaler_state_wake(st, "unknown", NULL, 1, 7000), 0);
+    metadata_spec_finish(&a);
+    scaler_state_free(st);
+}
+
+/* The held input /models shows for the first target. */
+static double held_input(const struct scaler_state *st, int64_t now_ms)
+{
+    struct evbuffer *b;
+    const char *text = render(st, now_ms, &b);
+    const char *p = strstr(text, "\"heldRequests\":");
+    assert_non_null(p);
+    double v = strtod(p + strlen("\"heldRequests\":"), NULL);
+    evbuffer_free(b);
+    return v;
+}
+
+/* Wakes posted with an activator's id and held count (Redis down): counts of
+ * different activators add up, an activator's newer count replaces its older
+ * one, an unnamed wake (a Redis message) is not added on top, and Redis's own
+ * count wins when larger. */
+static void test_wake_claims(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    struct scaler_spec a = spec_for("m1", NULL);
+    scaler_state_upsert(st, "ns", "so1", &a, 0);
+    assert_int_equal(held_input(st, 0), 0);
+    scaler_state_wake(st, "m1", NULL, 1, 1000);
+    assert_int_equal(held_input(st, 1000), 1);
+    scaler_state_wake(st, "m1", "act-a", 30, 1100);
+    assert_int_equal(held_input(st, 1100), 30); /* not 31: one wake, two paths */
+    scaler_state_wake(st, "m1", "act-b", 12, 1200);
+    assert_int_equal(held_input(st, 1200), 42);
+    scaler_state_wake(st, "m1", "act-a", 40, 2100); /* act-a's renewal */
+    assert_int_equal(held_input(st, 2100), 52);
+    scaler_state_wake(st, "m1", "act-c", 0, 2200); /* a wake is at least 1 */
+    assert_int_equal(held_input(st, 2200), 53);
+    /* act-b's claim (1200 + 5000) ends; act-a's and act-c's go on. */
+    assert_int_equal(held_input(st, 6300), 41);
+    const char *const *models;
+    assert_int_equal(scaler_state_held_batch(st, &models), 1);
+    long long held = 100;
+    scaler_state_held_ok(st, &held, NULL, NULL, 1, 6400);
+    assert_int_equal(held_input(st, 6400), 100);
+    held = 0;
+    scaler_state_held_ok(st, &held, NULL, NULL, 1, 6500);
+    assert_int_equal(held_input(st, 6500), 41);
+    assert_int_equal(held_input(st, 7300), 0); /* every claim ended */
+    /* More activators than slots: the claims ending first make room. */
+    char id[16];
+    for (int i = 0; i < WAKE_CLAIMS + 4; i++) {
+        snprintf(id, sizeof(id), "act-%d", i);
+        scaler_state_wake(st, "m1", id, 1, 8000 + i);
+    }
+    assert_int_equal(held_input(st, 8000 + WAKE_CLAIMS + 4), WAKE_CLAIMS);
     metadata_spec_finish(&a);
     scaler_state_free(st);
 }
@@ -448,6 +502,7 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_targets_share_signals),
         cmocka_unit_test(test_held_and_wake),
+        cmocka_unit_test(test_wake_claims),
         cmocka_unit_test(test_queued_at_cap_is_backlog),
         cmocka_unit_test(test_activators_late_setting_wins),
         cmocka_unit_test(test_fail_safe_and_staleness),
