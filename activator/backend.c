@@ -343,26 +343,6 @@ static int merge(struct backend *b, const struct sockaddr_storage *addrs, const 
 
 /* ---- sources ---- */
 
-static int to_sockaddr(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len)
-{
-    memset(ss, 0, sizeof(*ss));
-    struct sockaddr_in *s4 = (struct sockaddr_in *)(void *)ss;
-    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)(void *)ss;
-    if (inet_pton(AF_INET, host, &s4->sin_addr) == 1) {
-        s4->sin_family = AF_INET;
-        s4->sin_port = htons((uint16_t)port);
-        *len = sizeof(*s4);
-        return 0;
-    }
-    if (inet_pton(AF_INET6, host, &s6->sin6_addr) == 1) {
-        s6->sin6_family = AF_INET6;
-        s6->sin6_port = htons((uint16_t)port);
-        *len = sizeof(*s6);
-        return 0;
-    }
-    return -1;
-}
-
 static void read_file(struct backend *b, bool force)
 {
     struct stat st;
@@ -404,7 +384,7 @@ static void read_file(struct backend *b, bool force)
     size_t m = 0;
     if (ss && lens) {
         for (long i = 0; i < n; i++) {
-            if (to_sockaddr(addrs[i].host, addrs[i].port, &ss[m], &lens[m]) == 0)
+            if (balance_sockaddr(addrs[i].host, addrs[i].port, &ss[m], &lens[m]) == 0)
                 m++;
         }
         if (merge(b, ss, lens, m) == 0)
@@ -576,7 +556,7 @@ static int start_source(struct backend *b, const struct model_config *mc)
     snprintf(b->host_header, sizeof(b->host_header), v6 ? "[%s]:%d" : "%s:%d", host, b->port);
     struct sockaddr_storage ss;
     socklen_t len;
-    if (to_sockaddr(host, b->port, &ss, &len) == 0) {
+    if (balance_sockaddr(host, b->port, &ss, &len) == 0) {
         b->kind = SRC_STATIC;
         return merge(b, &ss, &len, 1);
     }

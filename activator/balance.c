@@ -51,6 +51,26 @@ unsigned balance_share(unsigned cap, unsigned peers)
     return cap / peers + (cap % peers != 0);
 }
 
+int balance_sockaddr(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len)
+{
+    memset(ss, 0, sizeof(*ss));
+    struct sockaddr_in *s4 = (struct sockaddr_in *)(void *)ss;
+    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)(void *)ss;
+    if (inet_pton(AF_INET, host, &s4->sin_addr) == 1) {
+        s4->sin_family = AF_INET;
+        s4->sin_port = htons((uint16_t)port);
+        *len = sizeof(*s4);
+        return 0;
+    }
+    if (inet_pton(AF_INET6, host, &s6->sin6_addr) == 1) {
+        s6->sin6_family = AF_INET6;
+        s6->sin6_port = htons((uint16_t)port);
+        *len = sizeof(*s6);
+        return 0;
+    }
+    return -1;
+}
+
 static int parse_line(const char *p, size_t len, struct balance_addr *a)
 {
     const char *colon;
@@ -81,8 +101,9 @@ static int parse_line(const char *p, size_t len, struct balance_addr *a)
     a->host[hl] = '\0';
     if (strcmp(a->host, "localhost") == 0)
         snprintf(a->host, sizeof(a->host), "127.0.0.1");
-    unsigned char buf[16];
-    if (inet_pton(AF_INET, a->host, buf) != 1 && inet_pton(AF_INET6, a->host, buf) != 1)
+    struct sockaddr_storage ss;
+    socklen_t sslen;
+    if (balance_sockaddr(a->host, 0, &ss, &sslen) < 0)
         return -1;
     const char *ps = colon + 1, *pe = p + len;
     if (ps == pe || pe - ps > 5)

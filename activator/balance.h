@@ -9,6 +9,7 @@
 
 #include <stdbool.h>
 #include <stddef.h>
+#include <sys/socket.h>
 
 struct balance_ep {
     unsigned outstanding;
@@ -29,6 +30,10 @@ size_t balance_capacity(struct balance_ep *const *eps, size_t n, unsigned cap);
  * endpoint; with peers > cap the endpoints may get up to peers requests).
  * cap 0 (no cap) stays 0; peers 0 counts as 1. */
 unsigned balance_share(unsigned cap, unsigned peers);
+
+/* host as an IP literal (IPv6 without brackets) with port, into *ss and
+ * *len. Returns 0, or -1 when host is not an IP literal (a name). */
+int balance_sockaddr(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len);
 
 struct balance_addr {
     char host[64]; /* IP literal (IPv6 without brackets) */

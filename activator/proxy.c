@@ -18,6 +18,7 @@
 
 #include "alloc.h"
 #include "backend.h"
+#include "balance.h"
 #include "clock.h"
 #include "conn.h"
 #include "expo.h"
@@ -2449,12 +2450,11 @@ static bool needs_dns(const struct config *cfg)
 {
     for (size_t i = 0; i < cfg->nmodels; i++) {
         const struct model_config *mc = &cfg->models[i];
-        unsigned char buf[16];
-        if (mc->backend && inet_pton(AF_INET, mc->backend_host, buf) != 1 &&
-            inet_pton(AF_INET6, mc->backend_host, buf) != 1)
+        struct sockaddr_storage ss;
+        socklen_t len;
+        if (mc->backend && balance_sockaddr(mc->backend_host, 0, &ss, &len) < 0)
             return true;
-        if (mc->fallback_backend && inet_pton(AF_INET, mc->fallback_host, buf) != 1 &&
-            inet_pton(AF_INET6, mc->fallback_host, buf) != 1)
+        if (mc->fallback_backend && balance_sockaddr(mc->fallback_host, 0, &ss, &len) < 0)
             return true;
     }
     return false;
@@ -2606,19 +2606,8 @@ void proxy_free(struct proxy *px)
 int proxy_listen(struct proxy *px, const char *host, int port, char *err, size_t errlen)
 {
     struct sockaddr_storage ss;
-    memset(&ss, 0, sizeof(ss));
     socklen_t len;
-    struct sockaddr_in *s4 = (struct sockaddr_in *)(void *)&ss;
-    struct sockaddr_in6 *s6 = (struct sockaddr_in6 *)(void *)&ss;
-    if (inet_pton(AF_INET, host, &s4->sin_addr) == 1) {
-        s4->sin_family = AF_INET;
-        s4->sin_port = htons((uint16_t)port);
-        len = sizeof(*s4);
-    } else if (inet_pton(AF_INET6, host, &s6->sin6_addr) == 1) {
-        s6->sin6_family = AF_INET6;
-        s6->sin6_port = htons((uint16_t)port);
-        len = sizeof(*s6);
-    } else {
+    if (balance_sockaddr(host, port, &ss, &len) < 0) {
         snprintf(err, errlen, "listen address must be an IP literal, got '%s'", host);
         return -1;
     }

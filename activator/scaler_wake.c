@@ -13,6 +13,7 @@
 #include <event2/util.h>
 
 #include "alloc.h"
+#include "balance.h"
 #include "config.h"
 #include "log.h"
 #include "model_name.h"
@@ -41,6 +42,8 @@ struct scaler_wake {
     char host[256];
     int port;
     bool host_is_ip;
+    struct sockaddr_storage ip; /* host_is_ip: the one address, parsed once */
+    socklen_t ip_len;
     char instance[3 * MODEL_NAME_MAX + 1]; /* percent-encoded */
     long timeout_ms;
     struct post *posts;
@@ -49,19 +52,15 @@ struct scaler_wake {
     struct scaler_wake_stats stats;
 };
 
-static bool is_ip_literal(const char *host)
-{
-    unsigned char buf[16];
-    return inet_pton(AF_INET, host, buf) == 1 || inet_pton(AF_INET6, host, buf) == 1;
-}
-
 int scaler_wake_url_needs_dns(const char *url)
 {
     char host[256];
     int port;
+    struct sockaddr_storage ss;
+    socklen_t len;
     if (config_parse_backend_url(url, host, sizeof(host), &port) < 0)
         return 0;
-    return !is_ip_literal(host);
+    return balance_sockaddr(host, port, &ss, &len) < 0;
 }
 
 static int encode(const char *s, char *out, size_t outlen);
@@ -87,7 +86,7 @@ struct scaler_wake *scaler_wake_new(struct event_base *base, struct evdns_base *
         thaw_free(sw);
         return NULL;
     }
-    sw->host_is_ip = is_ip_literal(sw->host);
+    sw->host_is_ip = balance_sockaddr(sw->host, sw->port, &sw->ip, &sw->ip_len) == 0;
     if (!sw->host_is_ip && !dns) {
         snprintf(err, errlen, "no DNS resolver for host '%s'", sw->host);
         thaw_free(sw);
@@ -283,16 +282,8 @@ int scaler_wake_send(struct scaler_wake *sw, const char *model, size_t held)
              "Content-Length: 0\r\nConnection: close\r\nUser-Agent: thaw-activator\r\n\r\n",
              enc, sw->instance, held > 9999999 ? (size_t)9999999 : held, sw->host, sw->port);
     if (sw->host_is_ip) {
-        struct sockaddr_storage ss;
-        int len = (int)sizeof(ss);
-        char hp[300];
-        snprintf(hp, sizeof(hp), strchr(sw->host, ':') ? "[%s]:%d" : "%s:%d", sw->host, sw->port);
-        if (evutil_parse_sockaddr_port(hp, (struct sockaddr *)&ss, &len) != 0) {
-            sw->stats.unresolved++;
-            return -1;
-        }
         size_t before = sw->stats.dropped;
-        post_start(sw, (struct sockaddr *)&ss, len, request);
+        post_start(sw, (struct sockaddr *)&sw->ip, (int)sw->ip_len, request);
         return sw->stats.dropped == before ? 0 : -1;
     }
     if (sw->nresolves >= SCALER_WAKE_MAX_INFLIGHT) {

@@ -6,6 +6,7 @@
 #include <stdint.h>
 #include <cmocka.h>
 
+#include <arpa/inet.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -73,6 +74,23 @@ static void test_share(void **state)
     assert_int_equal(balance_share(4000000000u, 3), 1333333334u);
 }
 
+/* IP literals (v4, v6 without brackets) become socket addresses; names do not. */
+static void test_sockaddr(void **state)
+{
+    (void)state;
+    struct sockaddr_storage ss;
+    socklen_t len;
+    assert_int_equal(balance_sockaddr("10.0.3.7", 8000, &ss, &len), 0);
+    assert_int_equal(ss.ss_family, AF_INET);
+    assert_int_equal(ntohs(((struct sockaddr_in *)(void *)&ss)->sin_port), 8000);
+    assert_int_equal(len, sizeof(struct sockaddr_in));
+    assert_int_equal(balance_sockaddr("::1", 9091, &ss, &len), 0);
+    assert_int_equal(ss.ss_family, AF_INET6);
+    assert_int_equal(len, sizeof(struct sockaddr_in6));
+    assert_int_equal(balance_sockaddr("scaler.thaw.test", 9091, &ss, &len), -1);
+    assert_int_equal(balance_sockaddr("[::1]", 9091, &ss, &len), -1);
+}
+
 static void test_parse_file(void **state)
 {
     (void)state;
@@ -128,6 +146,7 @@ int main(void)
         cmocka_unit_test(test_pick),
         cmocka_unit_test(test_spread),
         cmocka_unit_test(test_share),
+        cmocka_unit_test(test_sockaddr),
         cmocka_unit_test(test_parse_file),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
