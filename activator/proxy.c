@@ -168,7 +168,7 @@ struct model_rt {
     uint64_t late_released; /* requests released late (lateAfterSeconds), each once */
     uint64_t wakes;        /* wake actions, sent or not */
     bool wake_pending;
-    bool held_published; /* our thaw:held field is set (held or queued), no HDEL since */
+    bool held_published; /* our thaw:held field is set (held, queued or in flight), no HDEL since */
     bool removed;
     struct expo_histogram hold_hist;
     struct expo_histogram ttfb_hist;
@@ -1577,7 +1577,10 @@ static void on_backend_down(void *ud, enum backend_down_reason why)
 }
 
 /* Writes the hold queue to thaw:held:<model>: all of it as held (a wake is
- * wanted) unless the model is ready, then all of it as queued. */
+ * wanted) unless the model is ready, then all of it as queued; and the
+ * requests in the model's backends (the scaler's idle signal with
+ * idleSignal activators: the last one's end is seen at once, where the
+ * token rate shows it a window later). */
 static void publish_held(struct model_rt *m)
 {
     struct proxy *px = m->px;
@@ -1585,16 +1588,18 @@ static void publish_held(struct model_rt *m)
         return;
     /* Ready: the queue waits for a free slot at the concurrency cap (or a
      * socket), a serving backlog; otherwise it waits for the model to wake,
-     * and so do the requests its fallback serves meanwhile. */
+     * and so do the requests its fallback serves meanwhile (counted there,
+     * not again as in flight). */
     bool ready = m->sm.state == MODEL_READY;
     size_t n = ready ? m->hq.count : model_waiting(m);
-    if (n == 0 && !m->held_published)
+    size_t inflight = m->inflight - m->fallback_inflight;
+    if (n == 0 && inflight == 0 && !m->held_published)
         return;
     size_t held = ready ? 0 : n;
     size_t queued = ready ? n : 0;
-    if (redis_link_held(px->redis, m->name, held, queued, m->mc->late_after_ms,
+    if (redis_link_held(px->redis, m->name, held, queued, inflight, m->mc->late_after_ms,
                         clock_unix_ms()) == 0)
-        m->held_published = n > 0;
+        m->held_published = n > 0 || inflight > 0;
 }
 
 /* The drain is over: no more lookups, polls, probes or fallback timers. */

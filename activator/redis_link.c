@@ -373,26 +373,30 @@ int redis_link_wake(struct redis_link *l, const char *model)
 }
 
 int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t queued,
-                    int64_t late_after_ms, int64_t unix_ms)
+                    size_t inflight, int64_t late_after_ms, int64_t unix_ms)
 {
     char key[512];
     int n = snprintf(key, sizeof(key), "thaw:held:%s", model);
     if (n < 0 || (size_t)n >= sizeof(key))
         return -1;
-    if (held == 0 && queued == 0) {
+    if (held == 0 && queued == 0 && inflight == 0) {
         const char *argv[] = {"HDEL", key, l->instance_id};
         return send_cmd(l, 3, argv);
     }
     /* Two parts when nothing is queued, so scalers that know only
      * <count>:<unix-ms> still read cold holds. With a queue, the fourth part
      * says the order it is sent in (0: FIFO), so the scaler can tell this
-     * activator's FIFO from an older activator that does not say. */
-    char val[96];
-    if (queued == 0)
-        snprintf(val, sizeof(val), "%zu:%lld", held, (long long)unix_ms);
+     * activator's FIFO from an older activator that does not say. The
+     * in-flight count comes fifth: scalers that know four parts skip it. */
+    char val[128];
+    long long late = late_after_ms > 0 ? late_after_ms : 0;
+    if (inflight > 0)
+        snprintf(val, sizeof(val), "%zu:%lld:%zu:%lld:%zu", held, (long long)unix_ms, queued,
+                 late, inflight);
+    else if (queued > 0)
+        snprintf(val, sizeof(val), "%zu:%lld:%zu:%lld", held, (long long)unix_ms, queued, late);
     else
-        snprintf(val, sizeof(val), "%zu:%lld:%zu:%lld", held, (long long)unix_ms, queued,
-                 (long long)(late_after_ms > 0 ? late_after_ms : 0));
+        snprintf(val, sizeof(val), "%zu:%lld", held, (long long)unix_ms);
     const char *argv[] = {"HSET", key, l->instance_id, val};
     return send_cmd(l, 4, argv);
 }

@@ -61,12 +61,13 @@ bool redis_link_up(const struct redis_link *l);
 /* PUBLISH thaw:wake model. Returns 0 if sent, -1 if the link is down. */
 int redis_link_wake(struct redis_link *l, const char *model);
 
-/* HSET (held or queued > 0) or HDEL (both 0) of this instance's field in
- * thaw:held:<model>; the value is <held>:<unix_ms>, plus
- * :<queued>:<late_after_ms> (0 when <= 0: FIFO) when queued > 0. Returns 0
- * if sent, -1 if the link is down. */
+/* HSET (held, queued or inflight > 0) or HDEL (all 0) of this instance's
+ * field in thaw:held:<model>; the value is <held>:<unix_ms>, plus
+ * :<queued>:<late_after_ms> (0 when <= 0: FIFO) when queued or inflight > 0,
+ * plus :<inflight> (requests in a backend) when inflight > 0. Returns 0 if
+ * sent, -1 if the link is down. */
 int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t queued,
-                    int64_t late_after_ms, int64_t unix_ms);
+                    size_t inflight, int64_t late_after_ms, int64_t unix_ms);
 
 /* Called with the live activators counted by a heartbeat (>= 1). */
 typedef void (*redis_link_peers_cb)(void *ud, long long peers);

@@ -231,10 +231,10 @@ async function main() {
       dir: work, redisUrl: redis.url, scalerWakeUrl: scaler.httpBase,
       models: models.map((name) => ({ name, endpointsFile: path.join(endpointsDir, `${name}.endpoints`) })),
       // maxConcurrencyPerEndpoint = the fake replicas' --max-batch, and late
-      // requests last after 1 s, as recommended.
+      // requests last after 1.4 s, as recommended.
       modelDefaults: {
         holdTimeoutSeconds: 120, maxHeldRequests: 100000, probeInitialMs: 20, probeMaxMs: 200,
-        maxConcurrencyPerEndpoint: 16, lateAfterSeconds: 1,
+        maxConcurrencyPerEndpoint: 16, lateAfterSeconds: 1.4,
       },
     });
     procs.activator = activator.proc;
@@ -252,9 +252,11 @@ async function main() {
       models,
       // coldStartSeconds: the replicas' 1.5 s load plus one KEDA poll;
       // replicaConcurrency: their --max-batch. lateAfterSeconds is the
-      // activator's, published with its queue.
+      // activator's, published with its queue. Every request goes through the
+      // activator: it says when a model is idle (idleSignal).
       metadata: {
         targetTokensPerSecond: 600, targetQueueLength: 10, coldStartSeconds: 4, replicaConcurrency: 16,
+        idleSignal: 'activators',
       },
       pollingIntervalMs: 2000, cooldownMs: 10000, maxReplicaCount: 3, hpaSyncMs: 2000,
       behavior: defaultBehavior(2000),

@@ -93,7 +93,7 @@ static const struct opt_def option_defs[] = {
      "scaleDownWindowSeconds overrides it",
      "scaleDownStabilizationSeconds"},
     {"bursty-scale-down-stabilization-seconds", OPT_DOUBLE,
-     S(bursty_scale_down_stabilization_seconds), "240", 0, 86400,
+     S(bursty_scale_down_stabilization_seconds), "180", 0, 86400,
      "the same while the demand is bursty or was within 5 minutes, if longer (a lull in "
      "bursty demand is followed by the next burst); a ScaledObject's "
      "burstyScaleDownWindowSeconds overrides it",
@@ -177,12 +177,13 @@ static void queue_done(void *ud, int status, const long long *lengths, size_t n,
 }
 
 static void held_done(void *ud, int status, const long long *held, const long long *queued,
-                      const long long *late_ms, size_t n, const char *err)
+                      const long long *late_ms, const long long *inflight, size_t n,
+                      const char *err)
 {
     struct app *app = ud;
     app->held_in_flight = false;
     if (status == 0)
-        scaler_state_held_ok(app->st, held, queued, late_ms, n, clock_mono_ms());
+        scaler_state_held_ok(app->st, held, queued, late_ms, inflight, n, clock_mono_ms());
     else
         scaler_state_source_failed(app->st, SOURCE_REDIS_HELD, err, clock_mono_ms());
 }

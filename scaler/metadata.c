@@ -190,6 +190,20 @@ int metadata_parse(const char *const *keys, const char *const *values, size_t n,
             spec->policy_v1 = strcmp(value, "v1") == 0;
             continue;
         }
+        if (strcmp(key, "idleSignal") == 0) {
+            /* Opt-in: with traffic that bypasses the activators (a job queue's
+             * workers, clients calling the model's Service), their in-flight
+             * count says idle while replicas still serve. */
+            if (strcmp(value, "activators") != 0 && strcmp(value, "tokenRate") != 0) {
+                snprintf(err, errlen,
+                         "metadata key 'idleSignal': expected 'tokenRate' or 'activators', "
+                         "got '%.64s'",
+                         value);
+                return -1;
+            }
+            spec->policy.idle_by_activators = strcmp(value, "activators") == 0;
+            continue;
+        }
         int64_t *window = strcmp(key, "scaleDownWindowSeconds") == 0 ? &spec->scale_down_window_ms
                           : strcmp(key, "burstyScaleDownWindowSeconds") == 0
                               ? &spec->bursty_scale_down_window_ms
@@ -310,7 +324,7 @@ static bool policy_knobs_equal(const struct policy_params *a, const struct polic
                                                       *(const double *)(const void *)pb)
             return false;
     }
-    return true;
+    return a->idle_by_activators == b->idle_by_activators;
 }
 
 int metadata_spec_equal(const struct scaler_spec *a, const struct scaler_spec *b)

@@ -5,7 +5,9 @@
  *   model (required), targetTokensPerSecond (1000), targetQueueLength (10),
  *   redisKey (thaw:queue:<model>), redisStreamGroup (none),
  *   activationTokenRate (0), activationQueueLength (0),
- *   policy ("v2" or "v1"), scaleDownWindowSeconds and
+ *   policy ("v2" or "v1"), idleSignal ("tokenRate" or "activators": idle
+ *   when the activators carry no request; only when every request passes
+ *   through them), scaleDownWindowSeconds and
  *   burstyScaleDownWindowSeconds (the scaler's flags; v2 only), and the
  *   policy v2 knobs (coldStartSeconds, targetUtilisation, ...: the table in
  *   metadata.c; their defaults are policy_params_defaults()).

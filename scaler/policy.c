@@ -58,7 +58,7 @@ void policy_params_defaults(struct policy_params *p)
     p->drain_time_factor = 0.33;
     p->late_after_ms = 0;
     p->late_clear_ms = 300000;
-    p->wake_backlog_share = 1;
+    p->wake_backlog_share = 0.75;
     p->panic_window_ms = 3000;
     p->panic_lookahead = 0;
     p->replica_slots = 0;
@@ -66,7 +66,7 @@ void policy_params_defaults(struct policy_params *p)
     p->wake_request_cost = 0.75;
     p->burst_cv = 1.0;
     p->bursty_utilisation = 0.92;
-    p->bursty_scale_down_window_ms = 240000;
+    p->bursty_scale_down_window_ms = 180000;
 }
 
 void policy_params_v1(struct policy_params *p)
@@ -607,6 +607,13 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
     if (!busy && st->backlog_seen_ms != NO_TIME &&
         now_ms - st->backlog_seen_ms < p->rate_window_ms)
         busy = true;
+    /* When every request passes through the activators, they know the
+     * moment the last one ends; the rate shows it a window (and a scrape)
+     * later, with the replicas idle meanwhile. A stale count is not used:
+     * the fail-safe keeps the last decision then. */
+    bool by_activators = p->idle_by_activators && in->inflight_known && !in->held_stale;
+    if (by_activators)
+        busy = in->inflight > 0 || q > p->activation_queue_length || h > 0;
     if (busy && !st->busy) {
         if (st->seen_busy && st->idle_since_ms != NO_TIME)
             gap_record(p, st, now_ms - st->idle_since_ms);
@@ -618,8 +625,11 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
             keep_warm_update(p, st);
         }
         /* An episode ends at idle; one that never saw its backlog gone for
-         * a rate window teaches nothing. */
-        st->episode = false;
+         * a rate window teaches nothing. Idle by the activators comes before
+         * the rate has shown the episode's last tokens: an episode whose
+         * backlog is gone runs on to its rate window (or the next wake). */
+        if (!(by_activators && st->ep_empty_ms != NO_TIME))
+            st->episode = false;
     }
     st->busy = busy;
 
@@ -631,6 +641,10 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
             st->wake_peak_held = 0;
             for (int i = 0; i < POLICY_HELD_SLOTS; i++)
                 st->held_slot[i] = NO_SLOT;
+            /* One still waiting for its rate window would take this wake's
+             * tokens as its own. */
+            if (st->episode && st->ep_empty_ms != NO_TIME)
+                st->episode = false;
             st->ep_empty_ms = NO_TIME;
             if (!st->episode) {
                 st->episode = true;

@@ -53,7 +53,11 @@
  *   active   = busy, or idle for less than the keep-warm time
  *   busy     = r > activation_token_rate || queue > activation_queue_length
  *              || held > 0, or either of the last two within rate_window_ms
- *              (the rate has not shown the released backlog's tokens yet)
+ *              (the rate has not shown the released backlog's tokens yet);
+ *              with idle_by_activators and their in-flight count known:
+ *              inflight > 0 || queue > activation_queue_length || held > 0
+ *              (the activators see the last request end; the rate shows it
+ *              a window later)
  *   keep-warm: the T minimising the cost of the last idle gaps g_i,
  *              sum(g_i <= T ? g_i : T + K), K = keep_warm_cost x cold_start_ms
  *              + wake_request_cost x (mean requests held by the last wakes)
@@ -124,6 +128,10 @@ struct policy_params {
     int64_t bursty_scale_down_window_ms; /* >= 0: the scale-down window while the demand is
                                           * bursty or was in the last POLICY_BURST_WINDOW_MS,
                                           * if longer than scale_down_window_ms */
+    bool idle_by_activators;         /* every request passes through activators that report
+                                      * their in-flight count: busy = that count, the queue or
+                                      * the held count above zero, and the token rate (a
+                                      * window behind) is not waited for */
 };
 
 /* Fills every field with its default (the benchmark's choice, see
@@ -140,6 +148,11 @@ struct policy_inputs {
     bool token_rate_stale;
     bool queue_stale;
     bool held_stale;
+    /* Requests the activators have accepted and not finished (held, queued
+     * and in a backend), summed over them; known when they report it.
+     * Used only with idle_by_activators. */
+    double inflight;
+    bool inflight_known;
 };
 
 enum policy_direction { POLICY_HOLD = 0, POLICY_UP, POLICY_DOWN };

@@ -88,18 +88,20 @@ static const char rs_queue_script[] =
     "return out\n";
 
 /* KEYS[i] = thaw:held:<model>, ARGV = now_ms, fresh_ms. Field values are
- * "<held>:<unix-ms>", "<held>:<unix-ms>:<queued>" or
- * "<held>:<unix-ms>:<queued>:<late-ms>" (held: nothing ready; queued:
- * waiting at the activator's concurrency cap; late-ms: its lateAfterSeconds
- * in ms, 0: FIFO), and any parts after the fourth ignored: activators may
+ * "<held>:<unix-ms>", "<held>:<unix-ms>:<queued>",
+ * "<held>:<unix-ms>:<queued>:<late-ms>" or
+ * "<held>:<unix-ms>:<queued>:<late-ms>:<inflight>" (held: nothing ready;
+ * queued: waiting at the activator's concurrency cap; late-ms: its
+ * lateAfterSeconds in ms, 0: FIFO; inflight: requests in a backend), and
+ * any parts after the fifth ignored: activators may
  * append parts without waiting for every scaler to know them (the order of
  * upgrades then does not matter). The digit limits keep the sums exact in
  * Lua's doubles; the pattern cannot fail after its first two numbers (the
  * rest is taken as it comes and judged after), so it costs linear time, and
- * the length limit bounds even that for garbage. Three numbers per key: the held
- * sum, the queued sum, and the smallest late-ms of the fields with a queue
+ * the length limit bounds even that for garbage. Four numbers per key: the held
+ * sum, the queued sum, the smallest late-ms of the fields with a queue
  * that say one (-1: none says; a three-part field is an activator older
- * than the setting). Fresh is
+ * than the setting), and the in-flight sum. Fresh is
  * two-sided: a stamp from more than fresh_ms in the future (an activator
  * whose clock runs ahead, or garbage) must not hold a model up forever. */
 static const char rs_held_script[] =
@@ -107,7 +109,7 @@ static const char rs_held_script[] =
     "local fresh = tonumber(ARGV[2])\n"
     "local out = {}\n"
     "for i, key in ipairs(KEYS) do\n"
-    "  local held, queued, late = 0, 0, -1\n"
+    "  local held, queued, late, inflight = 0, 0, -1, 0\n"
     "  if redis.call('TYPE', key)['ok'] == 'hash' then\n"
     "    local kv = redis.call('HGETALL', key)\n"
     "    for j = 2, #kv, 2 do\n"
@@ -119,6 +121,8 @@ static const char rs_held_script[] =
     "         and #c <= 9 and #ts <= 15 and #q <= 9 and #l <= 9\n"
     "         and tonumber(ts) >= now - fresh and tonumber(ts) <= now + fresh then\n"
     "        held = held + tonumber(c)\n"
+    "        local f = #l > 0 and string.match(rest, '^:(%d+)') or nil\n"
+    "        if f and #f <= 9 then inflight = inflight + tonumber(f) end\n"
     "        if #q > 0 and tonumber(q) > 0 then\n"
     "          queued = queued + tonumber(q)\n"
     "          if #l > 0 and (late < 0 or tonumber(l) < late) then late = tonumber(l) end\n"
@@ -126,9 +130,10 @@ static const char rs_held_script[] =
     "      end\n"
     "    end\n"
     "  end\n"
-    "  out[3 * i - 2] = held\n"
-    "  out[3 * i - 1] = queued\n"
-    "  out[3 * i] = late\n"
+    "  out[4 * i - 3] = held\n"
+    "  out[4 * i - 2] = queued\n"
+    "  out[4 * i - 1] = late\n"
+    "  out[4 * i] = inflight\n"
     "end\n"
     "return out\n";
 
@@ -167,7 +172,8 @@ struct rs_batch {
     char now_s[24];
     char fresh_s[24];
     long long *vals; /* results, filled as chunk replies arrive: n for a queue
-                      * batch, 3n (all held, all queued, all late) for a held batch */
+                      * batch, 4n (all held, all queued, all late, all in flight)
+                      * for a held batch */
     size_t chunks;
     size_t chunks_done;
     bool failed;
@@ -498,9 +504,10 @@ static void rs_batch_settle(struct rs_batch *b, const char *reason)
             cb(ud, 0, vals, n, NULL);
     } else if (held_cb && !src->dying) {
         if (failed)
-            held_cb(ud, -1, NULL, NULL, NULL, 0, err);
+            held_cb(ud, -1, NULL, NULL, NULL, NULL, 0, err);
         else
-            held_cb(ud, 0, vals, vals ? vals + n : NULL, vals ? vals + 2 * n : NULL, n, NULL);
+            held_cb(ud, 0, vals, vals ? vals + n : NULL, vals ? vals + 2 * n : NULL,
+                    vals ? vals + 3 * n : NULL, n, NULL);
     }
     thaw_free(vals);
 }
@@ -599,12 +606,13 @@ static void rs_on_batch_reply(redisAsyncContext *ac, void *r, void *priv)
             b->vals[lo + j] = e->type == REDIS_REPLY_INTEGER ? e->integer : -1;
         }
     } else if (kind == RS_BATCH_HELD && reply->type == REDIS_REPLY_ARRAY &&
-               reply->elements == 3 * nk) {
-        /* held[i], queued[i], late[i] per key; vals holds all held counts,
-         * then all queued counts, then all late settings. */
+               reply->elements == 4 * nk) {
+        /* held[i], queued[i], late[i], inflight[i] per key; vals holds all
+         * held counts, then all queued counts, all late settings, all
+         * in-flight counts. */
         for (size_t j = 0; j < nk; j++) {
-            const redisReply *h = reply->element[3 * j], *q = reply->element[3 * j + 1],
-                             *l = reply->element[3 * j + 2];
+            const redisReply *h = reply->element[4 * j], *q = reply->element[4 * j + 1],
+                             *l = reply->element[4 * j + 2], *f = reply->element[4 * j + 3];
             b->vals[lo + j] = h->type == REDIS_REPLY_INTEGER && h->integer > 0 ? h->integer : 0;
             b->vals[b->n + lo + j] =
                 q->type == REDIS_REPLY_INTEGER && q->integer > 0 ? q->integer : 0;
@@ -613,6 +621,8 @@ static void rs_on_batch_reply(redisAsyncContext *ac, void *r, void *priv)
                 l->type == REDIS_REPLY_INTEGER && l->integer >= 0 && l->integer <= 999999999
                     ? l->integer
                     : -1;
+            b->vals[3 * b->n + lo + j] =
+                f->type == REDIS_REPLY_INTEGER && f->integer > 0 ? f->integer : 0;
         }
     } else {
         rs_batch_record_error(b, "unexpected reply to the script");
@@ -721,8 +731,8 @@ static void rs_batch_timer_cb(evutil_socket_t fd, short what, void *arg)
 static int rs_batch_launch(struct rs_batch *b, redis_queue_cb cb, redis_held_cb held_cb, void *ud)
 {
     struct redis_source *src = b->src;
-    /* A held batch has three results per model: held, queued, late. */
-    size_t per_key = b->kind == RS_BATCH_HELD ? 3 : 1;
+    /* A held batch has four results per model: held, queued, late, inflight. */
+    size_t per_key = b->kind == RS_BATCH_HELD ? 4 : 1;
     b->vals = b->n ? thaw_calloc(b->n * per_key, sizeof *b->vals) : NULL;
     if (b->n && !b->vals) {
         rs_batch_reset(b);

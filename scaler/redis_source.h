@@ -5,7 +5,7 @@
  *   Redis itself. All keys of one interval cost one round trip, whatever their
  *   number.
  * - Held and queued requests: activators keep `HSET thaw:held:<model> <instance>
- *   <held>:<unix-ms>[:<queued>[:<late-ms>]]` fresh; the sums of fresh fields
+ *   <held>:<unix-ms>[:<queued>[:<late-ms>[:<inflight>]]]` fresh; the sums of fresh fields
  *   per model and the order their queues are sent in, also one round trip per
  *   interval.
  * - Wake messages: a second connection stays SUBSCRIBEd to `thaw:wake`; each
@@ -91,14 +91,15 @@ int redis_source_queue_lengths(struct redis_source *src, const struct redis_queu
  * the smallest lateAfterSeconds (ms; 0: FIFO) said by the fields with such a
  * queue, -1 when none says one (no queue, or only activators older than the
  * setting, whose values have three parts) (field values "<held>:<unix-ms>",
- * "<held>:<unix-ms>:<queued>" or "<held>:<unix-ms>:<queued>:<late-ms>",
- * any ":<part>" after the fourth skipped; fields that fail to parse, longer
+ * "<held>:<unix-ms>:<queued>", "<held>:<unix-ms>:<queued>:<late-ms>" or
+ * that plus ":<inflight>", any ":<part>" after the fifth skipped; inflight[i]
+ * sums the requests the activators have in a backend; fields that fail to parse, longer
  * than 256 bytes or with a number over 9 digits are ignored; a missing key or
  * one that is not a hash counts 0). Same status, copying and calling rules as
- * above; on failure the three arrays are NULL. */
+ * above; on failure the four arrays are NULL. */
 typedef void (*redis_held_cb)(void *ud, int status, const long long *held,
-                              const long long *queued, const long long *late_ms, size_t n,
-                              const char *err);
+                              const long long *queued, const long long *late_ms,
+                              const long long *inflight, size_t n, const char *err);
 int redis_source_held_counts(struct redis_source *src, const char *const *models, size_t n,
                              int64_t now_unix_ms, int64_t fresh_ms, redis_held_cb cb, void *ud);
 

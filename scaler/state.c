@@ -26,6 +26,7 @@ struct model_sig {
     bool seen_in_answer;
     double held;
     double queued; /* waiting at activators' concurrency caps (replicas ready) */
+    double inflight; /* in a backend through the activators */
     /* The activators' lateAfterSeconds (ms) for that queue, as they publish
      * it: the smallest said among those with a queue (0: one sends FIFO);
      * -1 while none says one, no queue or only activators older than the
@@ -254,6 +255,9 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
          * evidence of an empty queue. */
         .queue_stale = st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured,
         .held_stale = st->src[SOURCE_REDIS_HELD].failing,
+        /* Everything the activators carry: held, queued and in a backend. */
+        .inflight = t->model->held + t->model->queued + t->model->inflight,
+        .inflight_known = true,
     };
     struct policy_decision prev = t->decision;
     bool had = t->decided;
@@ -271,14 +275,14 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
     LOG_INFO("decision",
              "namespace=%s scaledobject=%s model=%s desired=%ld previous=%ld raw=%ld "
              "active=%s direction=%s reason=%s token_rate=%.3f queue=%.0f held=%.0f "
-             "stale=%s",
+             "inflight=%.0f stale=%s",
              log_quote(qns, sizeof(qns), t->ns), log_quote(qname, sizeof(qname), t->name),
              log_quote(qmodel, sizeof(qmodel), t->spec.model), t->decision.desired,
              had ? prev.desired : 0L,
              t->decision.raw, t->decision.active ? "true" : "false",
              policy_direction_to_str(t->decision.direction),
              policy_reason_to_str(t->decision.reason), in.token_rate, in.queue, in.held,
-             (in.token_rate_stale || in.queue_stale || in.held_stale) ? "true" : "false");
+             t->model->inflight, (in.token_rate_stale || in.queue_stale || in.held_stale) ? "true" : "false");
     if (st->on_change)
         st->on_change(st->ud, t, had ? &prev : NULL, &t->decision);
 }
@@ -628,7 +632,8 @@ size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out)
 }
 
 void scaler_state_held_ok(struct scaler_state *st, const long long *held, const long long *queued,
-                          const long long *late_ms, size_t n, int64_t now_ms)
+                          const long long *late_ms, const long long *inflight, size_t n,
+                          int64_t now_ms)
 {
     uint64_t update = ++st->updates;
     for (size_t i = 0; i < n && i < st->nhbatch; i++) {
@@ -639,8 +644,12 @@ void scaler_state_held_ok(struct scaler_state *st, const long long *held, const 
         int64_t late = late_ms && late_ms[i] >= 0
                            ? (late_ms[i] > 3600000 ? 3600000 : (int64_t)late_ms[i])
                            : -1;
-        if (h != m->held || q != m->queued || late != m->late_after_ms)
+        double f = inflight && inflight[i] > 0 ? (double)inflight[i] : 0;
+        /* Only a change between none and some can change a decision. */
+        if (h != m->held || q != m->queued || late != m->late_after_ms ||
+            (f > 0) != (m->inflight > 0))
             m->changed_in = update;
+        m->inflight = f;
         m->held = h;
         m->queued = q;
         m->late_after_ms = late;
@@ -857,6 +866,9 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
          "Requests held by activators per model (a wake counts as one for a while)."},
         {"thaw_scaler_input_queued_requests", "gauge",
          "Requests waiting at activators' concurrency caps per model (replicas ready)."},
+        {"thaw_scaler_input_inflight_requests", "gauge",
+         "Requests in a backend through activators per model (the idle signal of idleSignal "
+         "activators)."},
         {"thaw_scaler_wake_messages_total", "counter", "Wake messages received per model."},
     };
     for (size_t f = 0; f < sizeof(per_model) / sizeof(per_model[0]); f++) {
@@ -869,6 +881,7 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
             double v = f == 0   ? m->token_rate
                        : f == 1 ? effective_held(m, now_ms)
                        : f == 2 ? m->queued
+                       : f == 3 ? m->inflight
                                 : (double)m->wakes;
             expo_sample(out, per_model[f][0], labels, v);
         }
@@ -947,6 +960,9 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
             t->spec.target_queue_length, "activationTokenRate", t->spec.activation_token_rate,
             "activationQueueLength", t->spec.activation_queue_length);
         if (o) {
+            json_t *ins = json_object_get(o, "inputs");
+            if (ins)
+                json_object_set_new(ins, "inflightRequests", json_real(t->model->inflight));
             /* The policy in force and what it has learned, so "why this
              * many replicas" can be answered without reading the metadata. */
             struct policy_params p;
@@ -983,6 +999,8 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
                                     json_string(t->model->late_after_ms >= 0 && !t->spec.policy_v1
                                                     ? "activators"
                                                     : "scaledObject"));
+                json_object_set_new(pol, "idleSignal",
+                                    json_string(p.idle_by_activators ? "activators" : "tokenRate"));
                 json_object_set_new(o, "policy", pol);
             }
             json_array_append_new(arr, o);

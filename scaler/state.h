@@ -79,9 +79,12 @@ size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out)
  * requests waiting at activators' concurrency caps, added to the queue input
  * of every target of the model; late_ms[i] (may be NULL): the activators'
  * lateAfterSeconds in ms for that queue (-1: none reported), which the
- * model's v2 targets use instead of their metadata's while it is >= 0. */
+ * model's v2 targets use instead of their metadata's while it is >= 0;
+ * inflight[i] (may be NULL: none): requests the activators have in a backend,
+ * the idle signal of targets with idleSignal activators. */
 void scaler_state_held_ok(struct scaler_state *st, const long long *held, const long long *queued,
-                          const long long *late_ms, size_t n, int64_t now_ms);
+                          const long long *late_ms, const long long *inflight, size_t n,
+                          int64_t now_ms);
 
 /* Activators that posted wakes with who they are, remembered per model
  * (more at once: the claims ending first are dropped). */

@@ -296,10 +296,10 @@ async function main() {
         models: models.map((name) => ({ name, endpointsFile: path.join(endpointsDir, `${name}.endpoints`) })),
         // The cap is the replicas' batch, as docs/activator.md recommends: requests over it
         // wait in the activator, where thaw-scaler sees them as queued; those waiting
-        // over 1 s go behind newer ones (lateAfterSeconds, as the example config).
+        // over 1.4 s go behind newer ones (lateAfterSeconds, as the example config).
         modelDefaults: {
           holdTimeoutSeconds: Math.max(60, opt.duration), maxHeldRequests: 100000,
-          maxConcurrencyPerEndpoint: opt.maxBatch, lateAfterSeconds: 1,
+          maxConcurrencyPerEndpoint: opt.maxBatch, lateAfterSeconds: 1.4,
         },
       });
       handles.activator = activator;
@@ -316,8 +316,9 @@ async function main() {
       // plus one KEDA poll, as an operator would measure and set it; and the
       // replicas' batch size (vLLM's --max-num-seqs), for the level's headroom.
       // Not lateAfterSeconds: the activators publish theirs with their queue.
+      // Every request goes through the activator: it says when a model is idle.
       metadata: {
-        targetTokensPerSecond: opt.targetTokensPerSecond, targetQueueLength: 10,
+        targetTokensPerSecond: opt.targetTokensPerSecond, targetQueueLength: 10, idleSignal: 'activators',
         coldStartSeconds: opt.coldStartSeconds + opt.pollingInterval,
         replicaConcurrency: opt.maxBatch, ...opt.triggerMetadata,
       },

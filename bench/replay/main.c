@@ -172,6 +172,8 @@ static int apply_thaw_overrides(const char *spec, struct sim_config *sc, char *e
             p->staffing_beta = v;
         else if (strcmp(kv, "wake_request_cost") == 0)
             p->wake_request_cost = v;
+        else if (strcmp(kv, "idle_by_activators") == 0)
+            p->idle_by_activators = v != 0;
         else if (strcmp(kv, "burst_cv") == 0)
             p->burst_cv = v;
         else if (strcmp(kv, "bursty_scale_down_window_s") == 0)

@@ -71,11 +71,17 @@ void sim_config_defaults(struct sim_config *c, enum sim_kind kind)
         c->keda.cooldown_s = 0;
         c->keda.polling_s = 10;
         /* thaw's activators send late requests last (the example config's
-         * lateAfterSeconds 1 s, half the warm objective), and publish it
+         * lateAfterSeconds 1.4 s: the 2 s objective less the p99 of a
+         * request's time to first token when sent at once, 0.55-0.75 s in
+         * the oracle's runs of the conversation-like traffic), and publish it
          * to the scaler with their queue. */
-        c->late_after_s = 1;
-        if (kind == SIM_THAW)
-            c->thaw.late_after_ms = 1000;
+        c->late_after_s = 1.4;
+        if (kind == SIM_THAW) {
+            c->thaw.late_after_ms = 1400;
+            /* Every request passes through the activators (idleSignal:
+             * activators in the example ScaledObject). */
+            c->thaw.idle_by_activators = true;
+        }
     }
     /* Knative KPA defaults; the per-pod target is the batch size at the
      * default 70 % target utilisation. */
@@ -163,7 +169,7 @@ struct sim {
     double slo_warm_s;
 
     /* Signals as the scalers see them. */
-    double rate_obs, queue_obs, held_obs, wake_until;
+    double rate_obs, queue_obs, held_obs, inflight_obs, wake_until;
     /* Concurrency (in flight, held included) integrated over time for KPA. */
     double conc_area, conc_t, conc_bucket_start;
     double kpa_buckets[KPA_BUCKETS];
@@ -554,6 +560,8 @@ static void observe_queue(struct sim *s)
     double w = (double)s->nwaiting;
     s->held_obs = s->ready == 0 ? w : 0;
     s->queue_obs = s->ready == 0 ? 0 : w;
+    /* ... and, with idleSignal activators, every request they carry. */
+    s->inflight_obs = (double)inflight(s);
 }
 
 /* ---- HPA ------------------------------------------------------------------- */
@@ -624,6 +632,8 @@ static void thaw_decide(struct sim *s)
         .token_rate = s->rate_obs,
         .queue = s->queue_obs,
         .held = fmax(s->held_obs, s->now < s->wake_until ? 1 : 0),
+        .inflight = s->inflight_obs,
+        .inflight_known = true,
     };
     policy_decide(&s->cfg->thaw, &s->ps, &in, now_ms(s), &s->dec);
     s->has_dec = true;

@@ -428,7 +428,8 @@ static void queue_done(void *ud, int status, const long long *lengths, size_t n,
 }
 
 static void held_done(void *ud, int status, const long long *held, const long long *queued,
-                      const long long *late_ms, size_t n, const char *err)
+                      const long long *late_ms, const long long *inflight, size_t n,
+                      const char *err)
 {
     struct harness *h = ud;
     h->f->progress++;
@@ -436,13 +437,17 @@ static void held_done(void *ud, int status, const long long *held, const long lo
     int64_t now = clock_mono_ms();
     if (status == 0) {
         FUZZ_CHECK(n == h->held_n &&
-                       (n == 0 || (held != NULL && queued != NULL && late_ms != NULL)),
+                       (n == 0 || (held != NULL && queued != NULL && late_ms != NULL &&
+                                   inflight != NULL)),
                    "held result shape");
         for (size_t i = 0; i < n; i++)
             FUZZ_CHECK(late_ms[i] >= -1 && late_ms[i] <= 999999999, "late setting range");
-        scaler_state_held_ok(h->st, held, queued, late_ms, n, now);
+        for (size_t i = 0; i < n; i++)
+            FUZZ_CHECK(inflight[i] >= 0, "inflight range");
+        scaler_state_held_ok(h->st, held, queued, late_ms, inflight, n, now);
     } else {
-        FUZZ_CHECK(status < 0 && held == NULL && queued == NULL && late_ms == NULL && n == 0 &&
+        FUZZ_CHECK(status < 0 && held == NULL && queued == NULL && late_ms == NULL &&
+                       inflight == NULL && n == 0 &&
                        err != NULL,
                    "held failure shape");
         scaler_state_source_failed(h->st, SOURCE_REDIS_HELD, err, now);

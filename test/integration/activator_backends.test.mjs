@@ -115,7 +115,7 @@ test('per-endpoint concurrency cap: requests over the cap wait, none fail', asyn
   }
 });
 
-test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2:<late-ms>, 0 for FIFO), and HDEL once all are answered', async () => {
+test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2:<late-ms>:1, 0 for FIFO, 1 in the backend), a lone request in flight says 0:<ms>:0:<late-ms>:1, and HDEL once all are answered', async () => {
   const redis = await startRedis();
   // A slow backend: completions wait until the test opens the gate (or 10 s
   // pass, so a failed assertion cannot hang the test).
@@ -134,8 +134,8 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2:<l
   // capq sends its queue FIFO (late-ms 0); capl late-last after 2 s. Both
   // say so with the queue, so that the scaler need not be told.
   const models = [
-    { name: 'capq', value: /^0:\d+:2:0$/ },
-    { name: 'capl', value: /^0:\d+:2:2000$/, lateAfterSeconds: 2 },
+    { name: 'capq', value: /^0:\d+:2:0:1$/, alone: /^0:\d+:0:0:1$/ },
+    { name: 'capl', value: /^0:\d+:2:2000:1$/, alone: /^0:\d+:0:2000:1$/, lateAfterSeconds: 2 },
   ];
   const act = await startActivator({
     models: models.map(({ name, lateAfterSeconds }) => ({
@@ -145,7 +145,7 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2:<l
   }, { redisUrl: redis.url });
   let rs = [];
   try {
-    for (const { name: model, value } of models) {
+    for (const { name: model, value, alone } of models) {
       const field = () => redis.cli('HGET', `thaw:held:${model}`, 'act-test');
       // Make the model ready first: what waits below waits at the cap, not for a wake.
       assert.equal((await complete(act.port, model)).status, 200);
@@ -154,10 +154,19 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2:<l
         { what: `${model}: no field after the warm-up request` });
 
       gateOpen = false;
+      // One request in the backend, none waiting: the scaler's idle signal
+      // (idleSignal activators) sees it within the 1 s refresh.
+      const first = complete(act.port, model, { prompt: 'alone' });
+      await waitUntil(() => waiting.length === 1, 5000, { what: `${model}: the lone request at the backend` });
+      await waitUntil(async () => alone.test(await field()), 3000, { what: `thaw:held:${model} matching ${alone}` });
+      answer(waiting.shift());
+      assert.equal((await first).status, 200);
+      await waitUntil(async () => (await redis.cli('HEXISTS', `thaw:held:${model}`, 'act-test')) === '0', 3000,
+        { what: `${model}: HDEL once the lone request is answered` });
       rs = Array.from({ length: 3 }, (_, i) => complete(act.port, model, { prompt: `q${i}` }));
       await waitUntil(() => waiting.length === 1, 5000, { what: `${model}: one request at the backend` });
       await waitUntil(async () => (await act.model(model)).held === 2, 5000, { what: `${model}: two waiting at the cap` });
-      // The 1 s refresh writes the count of both (the first one went out at once, as 0:<ms>:1:<late-ms>).
+      // The 1 s refresh writes the count of both (the first one went out at once, as 0:<ms>:1:<late-ms>:1).
       const v = await waitUntil(async () => {
         const x = await field();
         return value.test(x) ? x : null;
@@ -172,7 +181,7 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2:<l
       for (const r of await Promise.all(rs)) assert.equal(r.status, 200, r.body.toString());
       await waitUntil(async () => (await redis.cli('HEXISTS', `thaw:held:${model}`, 'act-test')) === '0', 3000,
         { what: `${model}: HDEL once all three are answered` });
-      assert.equal(metricSum(await act.metrics(), 'thaw_activator_requests_total', { model, outcome: 'ok' }), 4);
+      assert.equal(metricSum(await act.metrics(), 'thaw_activator_requests_total', { model, outcome: 'ok' }), 5);
     }
     await assertAccounted(act);
   } finally {

@@ -96,7 +96,7 @@ test('dashboard JSON: template variables for datasource, namespace and model; de
 
 test('dashboard JSON: the panels the issue asks for are there', () => {
   const titles = panels.map((p) => p.title);
-  for (const want of [/tokens\/s/, /Requests\/s/, /Desired vs ready/, /Active/, /Held and queued requests/, /Hold time/,
+  for (const want of [/tokens\/s/, /Requests\/s/, /Desired vs ready/, /Active/, /Held, queued and in-flight requests/, /Hold time/,
     /^Cold starts$/, /Decisions by direction and reason/, /^Sources$/, /Source staleness/, /Outcomes/,
     /Proxy latency/, /gRPC latency/, /Wakes/, /Last decision/]) {
     assert.ok(titles.some((t) => want.test(t)), `no panel matching ${want}; have ${titles.join(' | ')}`);

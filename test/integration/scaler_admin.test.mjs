@@ -141,7 +141,7 @@ test('/models: per target its inputs, staleness, decision and targets', async ()
   assert.equal(e.namespace, 'default');
   assert.equal(e.model, 'adm-m');
   assert.deepEqual(e.inputs, {
-    tokenRate: 0, queueLength: 25, heldRequests: 0, queuedRequests: 0, redisKey: 'thaw:queue:adm-m',
+    tokenRate: 0, queueLength: 25, heldRequests: 0, queuedRequests: 0, inflightRequests: 0, redisKey: 'thaw:queue:adm-m',
     tokenRateStale: false, queueStale: false, heldStale: false,
   });
   assert.equal(e.desired, 3);
@@ -157,7 +157,7 @@ test('/models: per target its inputs, staleness, decision and targets', async ()
   assert.deepEqual(e.policy, {
     name: 'v1', coldStartSeconds: 0, targetUtilisation: 1, bursty: false, panicking: false,
     scaleDownWindowSeconds: 0, keepWarmSeconds: 0, tokensPerRequest: 0, tokensPerRequestEpisodes: 0,
-    lateAfterSeconds: 0, lateAfterFrom: 'scaledObject',
+    lateAfterSeconds: 0, lateAfterFrom: 'scaledObject', idleSignal: 'tokenRate',
   });
   const res = await scaler.get('/models');
   assert.match(res.headers.get('content-type'), /^application\/json/);

@@ -355,7 +355,7 @@ test('policy v2 from the metadata: keep-warm lasts coldStartSeconds x keepWarmCo
     // no token rate in this test: the wake teaches nothing, the prior stands
     tokensPerRequest: 256, tokensPerRequestEpisodes: 0,
     // no activator reports a queue: the ScaledObject's (unset) setting
-    lateAfterSeconds: 0, lateAfterFrom: 'scaledObject',
+    lateAfterSeconds: 0, lateAfterFrom: 'scaledObject', idleSignal: 'tokenRate',
   });
   assert.equal((await scaler.model('kw-v1')).policy.name, 'v1');
   await waitActive(client, v2, false, 8000);

@@ -276,6 +276,7 @@ struct result {
     long long *vals;
     long long *queued; /* held batches: the queued counts */
     long long *late;   /* held batches: the late settings */
+    long long *inflight; /* held batches: the in-flight counts */
     char err[256];
     /* Chaining test: start another queue batch from inside the callback. */
     struct redis_source *chain_src;
@@ -292,6 +293,7 @@ static void result_reset(struct result *r)
     thaw_free(r->vals);
     thaw_free(r->queued);
     thaw_free(r->late);
+    thaw_free(r->inflight);
     memset(r, 0, sizeof(*r));
 }
 
@@ -338,23 +340,30 @@ static int queue(struct redis_source *src, const struct redis_queue_query *q, si
 /* The held results as a queue result, plus copies of the queued counts and
  * the late settings. */
 static void on_held_result(void *ud, int status, const long long *held, const long long *queued,
-                           const long long *late_ms, size_t n, const char *err)
+                           const long long *late_ms, const long long *inflight, size_t n,
+                           const char *err)
 {
     struct result *r = ud;
     thaw_free(r->queued);
     thaw_free(r->late);
+    thaw_free(r->inflight);
     r->queued = NULL;
     r->late = NULL;
-    if (status == 0 && n > 0 && queued && late_ms) {
+    r->inflight = NULL;
+    if (status == 0 && n > 0 && queued && late_ms && inflight) {
         r->queued = thaw_calloc(n, sizeof(*r->queued));
         r->late = thaw_calloc(n, sizeof(*r->late));
+        r->inflight = thaw_calloc(n, sizeof(*r->inflight));
         if (r->queued)
             memcpy(r->queued, queued, n * sizeof(*queued));
         if (r->late)
             memcpy(r->late, late_ms, n * sizeof(*late_ms));
+        if (r->inflight)
+            memcpy(r->inflight, inflight, n * sizeof(*inflight));
     }
-    if ((status == 0 && ((n > 0) != (queued != NULL) || (n > 0) != (late_ms != NULL))) ||
-        (status != 0 && (queued != NULL || late_ms != NULL))) {
+    if ((status == 0 && ((n > 0) != (queued != NULL) || (n > 0) != (late_ms != NULL) ||
+                         (n > 0) != (inflight != NULL))) ||
+        (status != 0 && (queued != NULL || late_ms != NULL || inflight != NULL))) {
         on_result(ud, status, held, n, err);
         r->status = -97; /* contract: queued present exactly when held is */
         return;
@@ -671,6 +680,11 @@ static void test_held(void)
                        ":2:400:1:beta c 0:%" PRId64 ":8:100x d 0:%" PRId64 ":16:xyz"
                        " e 0:%" PRId64 ":1:200:%s f 0:%" PRId64 ":32:50:%s%s",
                    now, now, now, now, now, longer, now, longer, longer);
+    /* Requests in a backend: a fifth number (stale, 10-digit and empty ones
+     * not counted; the field's other parts still are). */
+    ok = ok && cmd(sc, "HSET thaw:held:m10 a 0:%" PRId64 ":0:0:5 b 2:%" PRId64 ":0:0:3 c 0:%" PRId64
+                       ":0:0:9 d 0:%" PRId64 ":0:0:1234567890 e 1:%" PRId64 ":0:0:",
+                   now, now, now - 60000, now, now);
     ok = ok && cmd(sc, "HSET thaw:held:m3 x 9:%" PRId64, now - 31000) &&
          cmd(sc, "SET thaw:held:m4 5:%" PRId64, now);
     enum { BULK = 1200 };
@@ -686,7 +700,7 @@ static void test_held(void)
     CHECK(ok, "held setup failed");
 
     static char names[BULK][16];
-    static const char *models[9 + BULK];
+    static const char *models[10 + BULK];
     models[0] = "m1"; /* 3 + 4 + 2: stale, malformed, negative, 10-digit ignored */
     models[1] = "m2"; /* missing */
     models[2] = "m3"; /* only stale */
@@ -700,16 +714,17 @@ static void test_held(void)
     models[6 + BULK] = "m7"; /* queued 4 + 2, late 1000: a three-part field does not say */
     models[7 + BULK] = "m8"; /* queued 3 + 1, late 0: one activator says FIFO */
     models[8 + BULK] = "m9"; /* queued 5 + 2 + 1, late 200: later parts skipped, garbage not */
+    models[9 + BULK] = "m10"; /* held 2 + 1, in flight 5 + 3 */
     struct redis_source_stats before, after;
     redis_source_get_stats(msrc, &before);
     struct result r = {0};
-    CHECK(held(msrc, models, 9 + BULK, now, fresh, &r) == 0, "not sent");
+    CHECK(held(msrc, models, 10 + BULK, now, fresh, &r) == 0, "not sent");
     CHECK(r.calls == 0, "callback inside the call");
     CHECK(wait_result(&r, 1, 5000), "no answer");
     redis_source_get_stats(msrc, &after);
-    CHECK(r.status == 0 && r.n == 9 + BULK && r.vals && r.queued && r.late, "status %d err %s",
-          r.status, r.err);
-    if (r.vals && r.queued && r.late && r.n == 9 + BULK) {
+    CHECK(r.status == 0 && r.n == 10 + BULK && r.vals && r.queued && r.late && r.inflight,
+          "status %d err %s", r.status, r.err);
+    if (r.vals && r.queued && r.late && r.inflight && r.n == 10 + BULK) {
         CHECK(r.vals[0] == 9 && r.queued[0] == 0 && r.late[0] == -1, "m1 %lld %lld %lld",
               r.vals[0], r.queued[0], r.late[0]);
         CHECK(r.vals[4 + BULK] == 2 && r.queued[4 + BULK] == 7 && r.late[4 + BULK] == -1,
@@ -724,6 +739,13 @@ static void test_held(void)
               r.queued[7 + BULK], r.late[7 + BULK]);
         CHECK(r.queued[8 + BULK] == 8 && r.late[8 + BULK] == 200, "m9 queued %lld late %lld",
               r.queued[8 + BULK], r.late[8 + BULK]);
+        /* m9: 77 (a), 1 (b, parts after the fifth skipped); e's is 159 digits. */
+        CHECK(r.inflight[8 + BULK] == 78, "m9 inflight %lld", r.inflight[8 + BULK]);
+        CHECK(r.vals[9 + BULK] == 3 && r.inflight[9 + BULK] == 8, "m10 held %lld inflight %lld",
+              r.vals[9 + BULK], r.inflight[9 + BULK]);
+        CHECK(r.inflight[0] == 0 && r.inflight[1] == 0 && r.inflight[4 + BULK] == 0,
+              "inflight without a fifth part: %lld %lld %lld", r.inflight[0], r.inflight[1],
+              r.inflight[4 + BULK]);
         CHECK(r.late[1] == -1, "m2 late %lld", r.late[1]);
         CHECK(r.vals[1] == 0, "m2 %lld", r.vals[1]);
         CHECK(r.vals[2] == 0, "m3 %lld", r.vals[2]);

@@ -221,6 +221,28 @@ static void test_policy_keys(void **unused)
 
     assert_int_equal(PARSE(&s, err, "model", "m", "policy", "v3"), -1);
     assert_string_equal(err, "metadata key 'policy': expected 'v2' or 'v1', got 'v3'");
+
+    /* idleSignal: the token rate unless the operator says every request
+     * passes through the activators. */
+    assert_int_equal(PARSE(&s, err, "model", "m"), 0);
+    metadata_policy_params(&s, 90000, 240000, &p);
+    assert_false(p.idle_by_activators);
+    assert_int_equal(PARSE(&t, err, "model", "m", "idleSignal", "activators"), 0);
+    metadata_policy_params(&t, 90000, 240000, &p);
+    assert_true(p.idle_by_activators);
+    assert_false(metadata_spec_equal(&s, &t));
+    metadata_spec_finish(&t);
+    assert_int_equal(PARSE(&t, err, "model", "m", "idleSignal", "tokenRate"), 0);
+    assert_true(metadata_spec_equal(&s, &t));
+    metadata_spec_finish(&t);
+    metadata_spec_finish(&s);
+    assert_int_equal(PARSE(&s, err, "model", "m", "policy", "v1", "idleSignal", "activators"), 0);
+    metadata_policy_params(&s, 90000, 240000, &p);
+    assert_false(p.idle_by_activators); /* v1 is v1 */
+    metadata_spec_finish(&s);
+    assert_int_equal(PARSE(&s, err, "model", "m", "idleSignal", "inflight"), -1);
+    assert_string_equal(
+        err, "metadata key 'idleSignal': expected 'tokenRate' or 'activators', got 'inflight'");
     assert_int_equal(PARSE(&s, err, "model", "m", "burstyTargetUtilisation", "0"), -1);
     assert_string_equal(err,
                         "metadata key 'burstyTargetUtilisation': expected a number in (0, 1], got '0'");

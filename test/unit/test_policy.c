@@ -29,6 +29,18 @@ static struct policy_decision run(const struct policy_params *p, struct policy_s
     return d;
 }
 
+/* As run, with the activators' in-flight count known (idleSignal activators). */
+static struct policy_decision run_inflight(const struct policy_params *p, struct policy_state *st,
+                                           double rate, double queue, double held,
+                                           double inflight, int64_t now)
+{
+    struct policy_inputs in = {.token_rate = rate, .queue = queue, .held = held,
+                               .inflight = inflight, .inflight_known = true};
+    struct policy_decision d;
+    policy_decide(p, st, &in, now, &d);
+    return d;
+}
+
 static void test_formula_terms(void **unused)
 {
     struct policy_state st;
@@ -863,6 +875,83 @@ static void test_released_backlog_stays_busy_for_a_rate_window(void **unused)
     assert_false(d.active);
 }
 
+static void test_idle_by_activators(void **unused)
+{
+    struct policy_params p = v2();
+    p.keep_warm_cost = 0.1; /* K = 6 s */
+    struct policy_state st;
+    policy_state_init(&st);
+    /* Busy while requests are in flight; when the last one ends the rate
+     * still shows a window of tokens, but the model is idle at once and
+     * goes cold K later. */
+    p.idle_by_activators = true;
+    struct policy_decision d = {0};
+    for (int t = 0; t < 30; t++) {
+        d = run_inflight(&p, &st, 300, 0, 0, 4, (int64_t)t * 1000);
+        assert_true(d.active);
+    }
+    assert_int_equal(d.desired, 3);
+    d = run_inflight(&p, &st, 300, 0, 0, 0, 30000);
+    assert_true(d.active); /* kept warm */
+    d = run_inflight(&p, &st, 300, 0, 0, 0, 37000);
+    assert_false(d.active);
+    assert_int_equal(d.desired, 0);
+    /* A queue or held requests still count without anything in flight. */
+    d = run_inflight(&p, &st, 0, 5, 0, 0, 38000);
+    assert_true(d.active);
+    policy_state_init(&st);
+    d = run_inflight(&p, &st, 0, 0, 3, 0, 0);
+    assert_true(d.active);
+
+    /* Off (the default), or with the count unknown or its source failing:
+     * the rate decides, so the same inputs keep the model busy. */
+    struct policy_params off = p;
+    off.idle_by_activators = false;
+    policy_state_init(&st);
+    for (int t = 0; t <= 40; t++)
+        d = run_inflight(&off, &st, 300, 0, 0, t < 30 ? 4 : 0, (int64_t)t * 1000);
+    assert_true(d.active);
+    assert_int_equal(d.desired, 3);
+    policy_state_init(&st);
+    for (int t = 0; t <= 40; t++)
+        d = run(&p, &st, 300, 0, 0, (int64_t)t * 1000);
+    assert_true(d.active);
+    policy_state_init(&st);
+    for (int t = 0; t <= 40; t++) {
+        struct policy_inputs in = {.token_rate = 300, .inflight = 0, .inflight_known = true,
+                                   .held_stale = t >= 30};
+        policy_decide(&p, &st, &in, (int64_t)t * 1000, &d);
+    }
+    assert_true(d.active);
+}
+
+static void test_idle_by_activators_still_learns_tokens_per_request(void **unused)
+{
+    struct policy_params p = v2();
+    p.idle_by_activators = true;
+    p.keep_warm_cost = 0.1;
+    struct policy_state st;
+    policy_state_init(&st);
+    /* A wake holds 10 requests for 6 s; released, they run for 4 s and the
+     * model is idle at 10 s. The rate shows their 200 tokens/s from 6 s to
+     * 36 s: 6000 tokens, 600 per request. The episode runs on past the idle
+     * moment to its rate window, or it would teach nothing. */
+    int t = 0;
+    for (; t <= 5; t++)
+        run_inflight(&p, &st, 0, 0, 10, 10, (int64_t)t * 1000);
+    for (; t < 36; t++)
+        run_inflight(&p, &st, 200, 0, 0, t < 10 ? 10 : 0, (int64_t)t * 1000);
+    for (; t < 200; t++)
+        run_inflight(&p, &st, 0, 0, 0, 0, (int64_t)t * 1000);
+    /* A later wake at 1 request/s: 1 x 600 / 100 = 6 replicas (the prior of
+     * 100 tokens would give 1). */
+    struct policy_decision d = {0};
+    int64_t w = 10000;
+    for (int k = 0; k <= 20; k++)
+        d = run_inflight(&p, &st, 0, 0, 1 + k, 1 + k, (w + k) * 1000);
+    assert_int_equal(d.desired, 6);
+}
+
 static void test_keep_warm_break_even(void **unused)
 {
     struct policy_params p = v2();
@@ -1207,6 +1296,8 @@ int main(void)
         cmocka_unit_test(test_keep_warm_counts_held_requests),
         cmocka_unit_test(test_released_backlog_stays_busy_for_a_rate_window),
         cmocka_unit_test(test_keep_warm_break_even),
+        cmocka_unit_test(test_idle_by_activators),
+        cmocka_unit_test(test_idle_by_activators_still_learns_tokens_per_request),
         cmocka_unit_test(test_zero_forgets_the_windows),
         cmocka_unit_test(test_v2_stale_hold),
         cmocka_unit_test(test_call_rate_does_not_matter),
