@@ -163,6 +163,13 @@ struct model_rt {
     unsigned fallback_inflight;
     uint64_t fallback_requests;
     unsigned inflight;
+    /* The most requests in the model's own backends at once since the last
+     * refresh of its thaw:held field, and in the refresh interval before: a
+     * request shorter than the refresh still shows for two refreshes, so the
+     * scaler (reading every second) cannot miss it and call the model idle
+     * while it serves. */
+    unsigned inflight_peak;
+    unsigned inflight_peak_prev;
     uint64_t outcomes[PROXY_OUTCOME_COUNT];
     uint64_t wake_signals; /* PUBLISHes sent */
     uint64_t late_released; /* requests released late (lateAfterSeconds), each once */
@@ -1148,6 +1155,8 @@ static void req_forward(struct req *r)
     m->inflight++;
     if (r->via_fallback)
         m->fallback_inflight++;
+    else if (m->inflight - m->fallback_inflight > m->inflight_peak)
+        m->inflight_peak = m->inflight - m->fallback_inflight;
     r->t_dispatch_us = clock_mono_us();
     if (m->px->access_log)
         snprintf(r->ep_label, sizeof(r->ep_label), "%s", endpoint_label(ep));
@@ -1578,10 +1587,12 @@ static void on_backend_down(void *ud, enum backend_down_reason why)
 
 /* Writes the hold queue to thaw:held:<model>: all of it as held (a wake is
  * wanted) unless the model is ready, then all of it as queued; and the
- * requests in the model's backends (the scaler's idle signal with
- * idleSignal activators: the last one's end is seen at once, where the
- * token rate shows it a window later). */
-static void publish_held(struct model_rt *m)
+ * requests in the model's backends, the most at once over this refresh
+ * interval and the one before (the scaler's idle signal with idleSignal
+ * activators: the last one's end is seen within two refreshes, where the
+ * token rate shows it a window later). refresh: called by the 1 s tick, which
+ * starts a new interval. */
+static void publish_held_at(struct model_rt *m, bool refresh)
 {
     struct proxy *px = m->px;
     if (!px->redis || !redis_link_up(px->redis))
@@ -1592,7 +1603,16 @@ static void publish_held(struct model_rt *m)
      * not again as in flight). */
     bool ready = m->sm.state == MODEL_READY;
     size_t n = ready ? m->hq.count : model_waiting(m);
-    size_t inflight = m->inflight - m->fallback_inflight;
+    unsigned now_in = m->inflight - m->fallback_inflight;
+    size_t inflight = now_in;
+    if (m->inflight_peak > inflight)
+        inflight = m->inflight_peak;
+    if (m->inflight_peak_prev > inflight)
+        inflight = m->inflight_peak_prev;
+    if (refresh) {
+        m->inflight_peak_prev = m->inflight_peak;
+        m->inflight_peak = now_in;
+    }
     if (n == 0 && inflight == 0 && !m->held_published)
         return;
     size_t held = ready ? 0 : n;
@@ -1601,6 +1621,8 @@ static void publish_held(struct model_rt *m)
                         clock_unix_ms()) == 0)
         m->held_published = n > 0 || inflight > 0;
 }
+
+static void publish_held(struct model_rt *m) { publish_held_at(m, false); }
 
 /* The drain is over: no more lookups, polls, probes or fallback timers. */
 static void model_stop(struct model_rt *m)
@@ -2428,7 +2450,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
                 else
                     m->wake_pending = false;
             }
-            publish_held(m);
+            publish_held_at(m, true);
         }
     }
 }

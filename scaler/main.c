@@ -177,13 +177,14 @@ static void queue_done(void *ud, int status, const long long *lengths, size_t n,
 }
 
 static void held_done(void *ud, int status, const long long *held, const long long *queued,
-                      const long long *late_ms, const long long *inflight, size_t n,
-                      const char *err)
+                      const long long *late_ms, const long long *inflight,
+                      const long long *silent, size_t n, const char *err)
 {
     struct app *app = ud;
     app->held_in_flight = false;
     if (status == 0)
-        scaler_state_held_ok(app->st, held, queued, late_ms, inflight, n, clock_mono_ms());
+        scaler_state_held_ok(app->st, held, queued, late_ms, inflight, silent, n,
+                             clock_mono_ms());
     else
         scaler_state_source_failed(app->st, SOURCE_REDIS_HELD, err, clock_mono_ms());
 }

@@ -93,6 +93,7 @@ void policy_state_init(struct policy_state *st)
     st->level_floor_ms = NO_TIME;
     st->wake_release_ms = NO_TIME;
     st->backlog_seen_ms = NO_TIME;
+    st->carried_seen_ms = NO_TIME;
     st->last_call_ms = NO_TIME;
     st->first_call_ms = NO_TIME;
     st->keep_warm_ms = -1; /* not computed yet */
@@ -612,8 +613,14 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
      * later, with the replicas idle meanwhile. A stale count is not used:
      * the fail-safe keeps the last decision then. */
     bool by_activators = p->idle_by_activators && in->inflight_known && !in->held_stale;
-    if (by_activators)
-        busy = in->inflight > 0 || q > p->activation_queue_length || h > 0;
+    if (by_activators) {
+        double carried = isfinite(in->inflight) && in->inflight > 0 ? in->inflight : 0;
+        if (carried > 0)
+            st->carried_seen_ms = now_ms;
+        busy = carried > 0 || q > p->activation_queue_length || h > 0 ||
+               (st->carried_seen_ms != NO_TIME &&
+                now_ms - st->carried_seen_ms < POLICY_ACTIVATORS_IDLE_MS);
+    }
     if (busy && !st->busy) {
         if (st->seen_busy && st->idle_since_ms != NO_TIME)
             gap_record(p, st, now_ms - st->idle_since_ms);
@@ -641,9 +648,10 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
             st->wake_peak_held = 0;
             for (int i = 0; i < POLICY_HELD_SLOTS; i++)
                 st->held_slot[i] = NO_SLOT;
-            /* One still waiting for its rate window would take this wake's
-             * tokens as its own. */
-            if (st->episode && st->ep_empty_ms != NO_TIME)
+            /* One still waiting for its rate window (it outlived an idle
+             * moment seen by the activators) would take this wake's tokens
+             * as its own. */
+            if (by_activators && st->episode && st->ep_empty_ms != NO_TIME)
                 st->episode = false;
             st->ep_empty_ms = NO_TIME;
             if (!st->episode) {

@@ -55,9 +55,10 @@
  *              || held > 0, or either of the last two within rate_window_ms
  *              (the rate has not shown the released backlog's tokens yet);
  *              with idle_by_activators and their in-flight count known:
- *              inflight > 0 || queue > activation_queue_length || held > 0
- *              (the activators see the last request end; the rate shows it
- *              a window later)
+ *              inflight > 0 || queue > activation_queue_length || held > 0,
+ *              or inflight > 0 within POLICY_ACTIVATORS_IDLE_MS (the
+ *              activators see the last request end; the rate shows it a
+ *              window later)
  *   keep-warm: the T minimising the cost of the last idle gaps g_i,
  *              sum(g_i <= T ? g_i : T + K), K = keep_warm_cost x cold_start_ms
  *              + wake_request_cost x (mean requests held by the last wakes)
@@ -84,6 +85,9 @@
 #define POLICY_OVERLOADS 16     /* overload (backlog above Q) durations remembered */
 #define POLICY_BURST_WINDOW_MS 300000 /* demand history judged for burstiness */
 #define POLICY_MAX_TIME_MS (INT64_MAX / 4) /* later times act as this one */
+/* With idle_by_activators, nothing carried for this long is idle: one read of
+ * 0 between two requests is not. */
+#define POLICY_ACTIVATORS_IDLE_MS 2000
 
 struct policy_params {
     double target_tokens_per_second; /* > 0: tokens/s one replica sustains */
@@ -235,6 +239,7 @@ struct policy_state {
     bool over_panic;             /* this overload's backlog counts early */
     int64_t panic_since_ms;      /* while over_panic: when this overload's panic began */
     int64_t backlog_seen_ms;     /* last queue or held request seen, or NO_TIME */
+    int64_t carried_seen_ms;     /* last call the activators carried a request, or NO_TIME */
     /* Requests held by the last wakes (their peak), for keep-warm. */
     double wake_held[POLICY_WAKES];
     int nwake, wake_next;

@@ -98,10 +98,17 @@ static const char rs_queue_script[] =
  * upgrades then does not matter). The digit limits keep the sums exact in
  * Lua's doubles; the pattern cannot fail after its first two numbers (the
  * rest is taken as it comes and judged after), so it costs linear time, and
- * the length limit bounds even that for garbage. Four numbers per key: the held
+ * the length limit bounds even that for garbage. Five numbers per key: the held
  * sum, the queued sum, the smallest late-ms of the fields with a queue
  * that say one (-1: none says; a three-part field is an activator older
- * than the setting), and the in-flight sum. Fresh is
+ * than the setting), and the in-flight sum (a fifth part that is not a
+ * number of at most 9 digits followed by ':' or the end counts 0, and the
+ * rest of its field still counts, as scalers before the part read it), and
+ * the silent fields: readable but stale for up to 10 minutes, or stamped more
+ * than fresh_ms ahead. An activator deletes its field when it carries nothing,
+ * so a stale one is an activator that stopped reporting while it carried
+ * requests (crashed, cut off from Redis, its clock off): its in-flight count
+ * is unknown, and the idle signal built on the sum cannot be trusted. Fresh is
  * two-sided: a stamp from more than fresh_ms in the future (an activator
  * whose clock runs ahead, or garbage) must not hold a model up forever. */
 static const char rs_held_script[] =
@@ -109,7 +116,7 @@ static const char rs_held_script[] =
     "local fresh = tonumber(ARGV[2])\n"
     "local out = {}\n"
     "for i, key in ipairs(KEYS) do\n"
-    "  local held, queued, late, inflight = 0, 0, -1, 0\n"
+    "  local held, queued, late, inflight, silent = 0, 0, -1, 0, 0\n"
     "  if redis.call('TYPE', key)['ok'] == 'hash' then\n"
     "    local kv = redis.call('HGETALL', key)\n"
     "    for j = 2, #kv, 2 do\n"
@@ -117,12 +124,18 @@ static const char rs_held_script[] =
     "      if #kv[j] <= 256 then\n"
     "        c, ts, q, l, rest = string.match(kv[j], '^(%d+):(%d+):?(%d*):?(%d*)(.*)$')\n"
     "      end\n"
-    "      if c and (#rest == 0 or (#l > 0 and string.byte(rest) == 58))\n"
+    "      local ok = c and (#rest == 0 or (#l > 0 and string.byte(rest) == 58))\n"
     "         and #c <= 9 and #ts <= 15 and #q <= 9 and #l <= 9\n"
-    "         and tonumber(ts) >= now - fresh and tonumber(ts) <= now + fresh then\n"
+    "      if ok and (tonumber(ts) > now + fresh or\n"
+    "                 (tonumber(ts) < now - fresh and tonumber(ts) >= now - 600000)) then\n"
+    "        silent = silent + 1\n"
+    "      elseif ok and tonumber(ts) >= now - fresh then\n"
     "        held = held + tonumber(c)\n"
-    "        local f = #l > 0 and string.match(rest, '^:(%d+)') or nil\n"
-    "        if f and #f <= 9 then inflight = inflight + tonumber(f) end\n"
+    "        local f, tail\n"
+    "        if #l > 0 then f, tail = string.match(rest, '^:(%d+)(.*)$') end\n"
+    "        if f and #f <= 9 and (#tail == 0 or string.byte(tail) == 58) then\n"
+    "          inflight = inflight + tonumber(f)\n"
+    "        end\n"
     "        if #q > 0 and tonumber(q) > 0 then\n"
     "          queued = queued + tonumber(q)\n"
     "          if #l > 0 and (late < 0 or tonumber(l) < late) then late = tonumber(l) end\n"
@@ -130,10 +143,11 @@ static const char rs_held_script[] =
     "      end\n"
     "    end\n"
     "  end\n"
-    "  out[4 * i - 3] = held\n"
-    "  out[4 * i - 2] = queued\n"
-    "  out[4 * i - 1] = late\n"
-    "  out[4 * i] = inflight\n"
+    "  out[5 * i - 4] = held\n"
+    "  out[5 * i - 3] = queued\n"
+    "  out[5 * i - 2] = late\n"
+    "  out[5 * i - 1] = inflight\n"
+    "  out[5 * i] = silent\n"
     "end\n"
     "return out\n";
 
@@ -172,8 +186,8 @@ struct rs_batch {
     char now_s[24];
     char fresh_s[24];
     long long *vals; /* results, filled as chunk replies arrive: n for a queue
-                      * batch, 4n (all held, all queued, all late, all in flight)
-                      * for a held batch */
+                      * batch, 5n (all held, all queued, all late, all in flight,
+                      * all silent) for a held batch */
     size_t chunks;
     size_t chunks_done;
     bool failed;
@@ -504,10 +518,10 @@ static void rs_batch_settle(struct rs_batch *b, const char *reason)
             cb(ud, 0, vals, n, NULL);
     } else if (held_cb && !src->dying) {
         if (failed)
-            held_cb(ud, -1, NULL, NULL, NULL, NULL, 0, err);
+            held_cb(ud, -1, NULL, NULL, NULL, NULL, NULL, 0, err);
         else
             held_cb(ud, 0, vals, vals ? vals + n : NULL, vals ? vals + 2 * n : NULL,
-                    vals ? vals + 3 * n : NULL, n, NULL);
+                    vals ? vals + 3 * n : NULL, vals ? vals + 4 * n : NULL, n, NULL);
     }
     thaw_free(vals);
 }
@@ -606,13 +620,14 @@ static void rs_on_batch_reply(redisAsyncContext *ac, void *r, void *priv)
             b->vals[lo + j] = e->type == REDIS_REPLY_INTEGER ? e->integer : -1;
         }
     } else if (kind == RS_BATCH_HELD && reply->type == REDIS_REPLY_ARRAY &&
-               reply->elements == 4 * nk) {
-        /* held[i], queued[i], late[i], inflight[i] per key; vals holds all
-         * held counts, then all queued counts, all late settings, all
-         * in-flight counts. */
+               reply->elements == 5 * nk) {
+        /* held[i], queued[i], late[i], inflight[i], silent[i] per key; vals
+         * holds all held counts, then all queued counts, all late settings,
+         * all in-flight counts, all silent counts. */
         for (size_t j = 0; j < nk; j++) {
-            const redisReply *h = reply->element[4 * j], *q = reply->element[4 * j + 1],
-                             *l = reply->element[4 * j + 2], *f = reply->element[4 * j + 3];
+            const redisReply *h = reply->element[5 * j], *q = reply->element[5 * j + 1],
+                             *l = reply->element[5 * j + 2], *f = reply->element[5 * j + 3],
+                             *z = reply->element[5 * j + 4];
             b->vals[lo + j] = h->type == REDIS_REPLY_INTEGER && h->integer > 0 ? h->integer : 0;
             b->vals[b->n + lo + j] =
                 q->type == REDIS_REPLY_INTEGER && q->integer > 0 ? q->integer : 0;
@@ -623,6 +638,9 @@ static void rs_on_batch_reply(redisAsyncContext *ac, void *r, void *priv)
                     : -1;
             b->vals[3 * b->n + lo + j] =
                 f->type == REDIS_REPLY_INTEGER && f->integer > 0 ? f->integer : 0;
+            /* Not an integer: say silent, so the in-flight sum is not trusted. */
+            b->vals[4 * b->n + lo + j] =
+                z->type == REDIS_REPLY_INTEGER ? (z->integer > 0 ? z->integer : 0) : 1;
         }
     } else {
         rs_batch_record_error(b, "unexpected reply to the script");
@@ -731,8 +749,8 @@ static void rs_batch_timer_cb(evutil_socket_t fd, short what, void *arg)
 static int rs_batch_launch(struct rs_batch *b, redis_queue_cb cb, redis_held_cb held_cb, void *ud)
 {
     struct redis_source *src = b->src;
-    /* A held batch has four results per model: held, queued, late, inflight. */
-    size_t per_key = b->kind == RS_BATCH_HELD ? 4 : 1;
+    /* A held batch has five results per model: held, queued, late, inflight, silent. */
+    size_t per_key = b->kind == RS_BATCH_HELD ? 5 : 1;
     b->vals = b->n ? thaw_calloc(b->n * per_key, sizeof *b->vals) : NULL;
     if (b->n && !b->vals) {
         rs_batch_reset(b);

@@ -93,13 +93,19 @@ int redis_source_queue_lengths(struct redis_source *src, const struct redis_queu
  * setting, whose values have three parts) (field values "<held>:<unix-ms>",
  * "<held>:<unix-ms>:<queued>", "<held>:<unix-ms>:<queued>:<late-ms>" or
  * that plus ":<inflight>", any ":<part>" after the fifth skipped; inflight[i]
- * sums the requests the activators have in a backend; fields that fail to parse, longer
+ * sums the requests the activators have in a backend (a malformed or
+ * 10-digit fifth part counts 0, the field's other parts still count); fields
+ * that fail to parse, longer
  * than 256 bytes or with a number over 9 digits are ignored; a missing key or
  * one that is not a hash counts 0). Same status, copying and calling rules as
- * above; on failure the four arrays are NULL. */
+ * above; silent[i] counts the readable fields of thaw:held:<models[i]> that
+ * are stale by up to 10 minutes or stamped more than fresh_ms ahead:
+ * activators that stopped reporting while they carried requests (their
+ * in-flight count is unknown). On failure the five arrays are NULL. */
 typedef void (*redis_held_cb)(void *ud, int status, const long long *held,
                               const long long *queued, const long long *late_ms,
-                              const long long *inflight, size_t n, const char *err);
+                              const long long *inflight, const long long *silent, size_t n,
+                              const char *err);
 int redis_source_held_counts(struct redis_source *src, const char *const *models, size_t n,
                              int64_t now_unix_ms, int64_t fresh_ms, redis_held_cb cb, void *ud);
 

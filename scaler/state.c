@@ -27,6 +27,7 @@ struct model_sig {
     double held;
     double queued; /* waiting at activators' concurrency caps (replicas ready) */
     double inflight; /* in a backend through the activators */
+    long long silent; /* activators that stopped reporting while they carried requests */
     /* The activators' lateAfterSeconds (ms) for that queue, as they publish
      * it: the smallest said among those with a queue (0: one sends FIFO);
      * -1 while none says one, no queue or only activators older than the
@@ -255,9 +256,11 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
          * evidence of an empty queue. */
         .queue_stale = st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured,
         .held_stale = st->src[SOURCE_REDIS_HELD].failing,
-        /* Everything the activators carry: held, queued and in a backend. */
+        /* Everything the activators carry: held, queued and in a backend;
+         * unknown while one stopped reporting with requests (its field
+         * went stale): then the token rate decides. */
         .inflight = t->model->held + t->model->queued + t->model->inflight,
-        .inflight_known = true,
+        .inflight_known = t->model->silent == 0,
     };
     struct policy_decision prev = t->decision;
     bool had = t->decided;
@@ -632,8 +635,8 @@ size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out)
 }
 
 void scaler_state_held_ok(struct scaler_state *st, const long long *held, const long long *queued,
-                          const long long *late_ms, const long long *inflight, size_t n,
-                          int64_t now_ms)
+                          const long long *late_ms, const long long *inflight,
+                          const long long *silent, size_t n, int64_t now_ms)
 {
     uint64_t update = ++st->updates;
     for (size_t i = 0; i < n && i < st->nhbatch; i++) {
@@ -645,11 +648,15 @@ void scaler_state_held_ok(struct scaler_state *st, const long long *held, const 
                            ? (late_ms[i] > 3600000 ? 3600000 : (int64_t)late_ms[i])
                            : -1;
         double f = inflight && inflight[i] > 0 ? (double)inflight[i] : 0;
+        long long z = silent && silent[i] > 0 ? silent[i] : 0;
         /* Only a change between none and some can change a decision. */
         if (h != m->held || q != m->queued || late != m->late_after_ms ||
-            (f > 0) != (m->inflight > 0))
+            (f > 0) != (m->inflight > 0) || (z > 0) != (m->silent > 0))
             m->changed_in = update;
+        if (z > 0 && m->silent == 0)
+            LOG_WARN("activators_silent", "model=%s fields=%lld", m->name, z);
         m->inflight = f;
+        m->silent = z;
         m->held = h;
         m->queued = q;
         m->late_after_ms = late;
@@ -963,6 +970,8 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
             json_t *ins = json_object_get(o, "inputs");
             if (ins)
                 json_object_set_new(ins, "inflightRequests", json_real(t->model->inflight));
+            if (ins)
+                json_object_set_new(ins, "silentActivators", json_integer(t->model->silent));
             /* The policy in force and what it has learned, so "why this
              * many replicas" can be answered without reading the metadata. */
             struct policy_params p;

@@ -81,10 +81,12 @@ size_t scaler_state_held_batch(struct scaler_state *st, const char *const **out)
  * lateAfterSeconds in ms for that queue (-1: none reported), which the
  * model's v2 targets use instead of their metadata's while it is >= 0;
  * inflight[i] (may be NULL: none): requests the activators have in a backend,
- * the idle signal of targets with idleSignal activators. */
+ * the idle signal of targets with idleSignal activators; silent[i] (may be
+ * NULL: none): activators that stopped reporting while they carried requests,
+ * which makes that signal unknown (the token rate decides meanwhile). */
 void scaler_state_held_ok(struct scaler_state *st, const long long *held, const long long *queued,
-                          const long long *late_ms, const long long *inflight, size_t n,
-                          int64_t now_ms);
+                          const long long *late_ms, const long long *inflight,
+                          const long long *silent, size_t n, int64_t now_ms);
 
 /* Activators that posted wakes with who they are, remembered per model
  * (more at once: the claims ending first are dropped). */

@@ -428,8 +428,8 @@ static void queue_done(void *ud, int status, const long long *lengths, size_t n,
 }
 
 static void held_done(void *ud, int status, const long long *held, const long long *queued,
-                      const long long *late_ms, const long long *inflight, size_t n,
-                      const char *err)
+                      const long long *late_ms, const long long *inflight,
+                      const long long *silent, size_t n, const char *err)
 {
     struct harness *h = ud;
     h->f->progress++;
@@ -438,16 +438,16 @@ static void held_done(void *ud, int status, const long long *held, const long lo
     if (status == 0) {
         FUZZ_CHECK(n == h->held_n &&
                        (n == 0 || (held != NULL && queued != NULL && late_ms != NULL &&
-                                   inflight != NULL)),
+                                   inflight != NULL && silent != NULL)),
                    "held result shape");
         for (size_t i = 0; i < n; i++)
             FUZZ_CHECK(late_ms[i] >= -1 && late_ms[i] <= 999999999, "late setting range");
         for (size_t i = 0; i < n; i++)
-            FUZZ_CHECK(inflight[i] >= 0, "inflight range");
-        scaler_state_held_ok(h->st, held, queued, late_ms, inflight, n, now);
+            FUZZ_CHECK(inflight[i] >= 0 && silent[i] >= 0, "inflight range");
+        scaler_state_held_ok(h->st, held, queued, late_ms, inflight, silent, n, now);
     } else {
         FUZZ_CHECK(status < 0 && held == NULL && queued == NULL && late_ms == NULL &&
-                       inflight == NULL && n == 0 &&
+                       inflight == NULL && silent == NULL && n == 0 &&
                        err != NULL,
                    "held failure shape");
         scaler_state_source_failed(h->st, SOURCE_REDIS_HELD, err, now);

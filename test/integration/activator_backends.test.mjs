@@ -150,8 +150,16 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2:<l
       // Make the model ready first: what waits below waits at the cap, not for a wake.
       assert.equal((await complete(act.port, model)).status, 200);
       assert.equal((await act.model(model)).state, 'ready');
-      await waitUntil(async () => (await redis.cli('HEXISTS', `thaw:held:${model}`, 'act-test')) === '0', 3000,
+      // The warm-up's peak shows for two 1 s refreshes, then the field goes.
+      await waitUntil(async () => (await redis.cli('HEXISTS', `thaw:held:${model}`, 'act-test')) === '0', 5000,
         { what: `${model}: no field after the warm-up request` });
+      // A request shorter than the refresh still shows (the interval's peak),
+      // or the scaler could call the model idle while it serves such requests.
+      assert.equal((await complete(act.port, model, { prompt: 'quick' })).status, 200);
+      await waitUntil(async () => alone.test(await field()), 2500,
+        { what: `thaw:held:${model}: a finished quick request still shows as ${alone}` });
+      await waitUntil(async () => (await redis.cli('HEXISTS', `thaw:held:${model}`, 'act-test')) === '0', 5000,
+        { what: `${model}: no field two refreshes after the quick request` });
 
       gateOpen = false;
       // One request in the backend, none waiting: the scaler's idle signal
@@ -161,8 +169,8 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2:<l
       await waitUntil(async () => alone.test(await field()), 3000, { what: `thaw:held:${model} matching ${alone}` });
       answer(waiting.shift());
       assert.equal((await first).status, 200);
-      await waitUntil(async () => (await redis.cli('HEXISTS', `thaw:held:${model}`, 'act-test')) === '0', 3000,
-        { what: `${model}: HDEL once the lone request is answered` });
+      await waitUntil(async () => (await redis.cli('HEXISTS', `thaw:held:${model}`, 'act-test')) === '0', 5000,
+        { what: `${model}: HDEL once the lone request is answered (two refreshes)` });
       rs = Array.from({ length: 3 }, (_, i) => complete(act.port, model, { prompt: `q${i}` }));
       await waitUntil(() => waiting.length === 1, 5000, { what: `${model}: one request at the backend` });
       await waitUntil(async () => (await act.model(model)).held === 2, 5000, { what: `${model}: two waiting at the cap` });
@@ -179,9 +187,9 @@ test('concurrency cap on a ready model: Redis says queued, not held (0:<ms>:2:<l
       gateOpen = true;
       for (const res of waiting.splice(0)) answer(res);
       for (const r of await Promise.all(rs)) assert.equal(r.status, 200, r.body.toString());
-      await waitUntil(async () => (await redis.cli('HEXISTS', `thaw:held:${model}`, 'act-test')) === '0', 3000,
-        { what: `${model}: HDEL once all three are answered` });
-      assert.equal(metricSum(await act.metrics(), 'thaw_activator_requests_total', { model, outcome: 'ok' }), 5);
+      await waitUntil(async () => (await redis.cli('HEXISTS', `thaw:held:${model}`, 'act-test')) === '0', 5000,
+        { what: `${model}: HDEL once all three are answered (two refreshes)` });
+      assert.equal(metricSum(await act.metrics(), 'thaw_activator_requests_total', { model, outcome: 'ok' }), 6);
     }
     await assertAccounted(act);
   } finally {

@@ -164,8 +164,8 @@ test('Redis killed and restarted while requests are held: holding, probing and b
     const fb = await startFakeVllm({ model: 'fp-b', port: backendPort['fp-b'] });
     assertServed(await Promise.all([...first, ...second]), 'fp-a');
     assertServed([await bReq], 'fp-b');
-    await waitUntil(async () => (await redis.cli('HEXISTS', 'thaw:held:fp-a', 'act-faults')) === '0', 3000,
-      { what: 'the held field removed once nothing is held' });
+    await waitUntil(async () => (await redis.cli('HEXISTS', 'thaw:held:fp-a', 'act-faults')) === '0', 5000,
+      { what: 'the held field removed once nothing is held or was in a backend for two refreshes' });
     const acc = await accountedFor(act);
     assert.deepEqual(acc.outcomes, { ok: 31 }, 'every request answered 200');
     const m = await act.metrics();

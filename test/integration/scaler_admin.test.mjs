@@ -141,7 +141,7 @@ test('/models: per target its inputs, staleness, decision and targets', async ()
   assert.equal(e.namespace, 'default');
   assert.equal(e.model, 'adm-m');
   assert.deepEqual(e.inputs, {
-    tokenRate: 0, queueLength: 25, heldRequests: 0, queuedRequests: 0, inflightRequests: 0, redisKey: 'thaw:queue:adm-m',
+    tokenRate: 0, queueLength: 25, heldRequests: 0, queuedRequests: 0, inflightRequests: 0, silentActivators: 0, redisKey: 'thaw:queue:adm-m',
     tokenRateStale: false, queueStale: false, heldStale: false,
   });
   assert.equal(e.desired, 3);

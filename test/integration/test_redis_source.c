@@ -277,6 +277,7 @@ struct result {
     long long *queued; /* held batches: the queued counts */
     long long *late;   /* held batches: the late settings */
     long long *inflight; /* held batches: the in-flight counts */
+    long long *silent;   /* held batches: the silent counts */
     char err[256];
     /* Chaining test: start another queue batch from inside the callback. */
     struct redis_source *chain_src;
@@ -294,6 +295,7 @@ static void result_reset(struct result *r)
     thaw_free(r->queued);
     thaw_free(r->late);
     thaw_free(r->inflight);
+    thaw_free(r->silent);
     memset(r, 0, sizeof(*r));
 }
 
@@ -340,20 +342,25 @@ static int queue(struct redis_source *src, const struct redis_queue_query *q, si
 /* The held results as a queue result, plus copies of the queued counts and
  * the late settings. */
 static void on_held_result(void *ud, int status, const long long *held, const long long *queued,
-                           const long long *late_ms, const long long *inflight, size_t n,
-                           const char *err)
+                           const long long *late_ms, const long long *inflight,
+                           const long long *silent, size_t n, const char *err)
 {
     struct result *r = ud;
     thaw_free(r->queued);
     thaw_free(r->late);
     thaw_free(r->inflight);
+    thaw_free(r->silent);
     r->queued = NULL;
     r->late = NULL;
     r->inflight = NULL;
-    if (status == 0 && n > 0 && queued && late_ms && inflight) {
+    r->silent = NULL;
+    if (status == 0 && n > 0 && queued && late_ms && inflight && silent) {
         r->queued = thaw_calloc(n, sizeof(*r->queued));
         r->late = thaw_calloc(n, sizeof(*r->late));
         r->inflight = thaw_calloc(n, sizeof(*r->inflight));
+        r->silent = thaw_calloc(n, sizeof(*r->silent));
+        if (r->silent)
+            memcpy(r->silent, silent, n * sizeof(*silent));
         if (r->queued)
             memcpy(r->queued, queued, n * sizeof(*queued));
         if (r->late)
@@ -362,8 +369,9 @@ static void on_held_result(void *ud, int status, const long long *held, const lo
             memcpy(r->inflight, inflight, n * sizeof(*inflight));
     }
     if ((status == 0 && ((n > 0) != (queued != NULL) || (n > 0) != (late_ms != NULL) ||
-                         (n > 0) != (inflight != NULL))) ||
-        (status != 0 && (queued != NULL || late_ms != NULL || inflight != NULL))) {
+                         (n > 0) != (inflight != NULL) || (n > 0) != (silent != NULL))) ||
+        (status != 0 &&
+         (queued != NULL || late_ms != NULL || inflight != NULL || silent != NULL))) {
         on_result(ud, status, held, n, err);
         r->status = -97; /* contract: queued present exactly when held is */
         return;
@@ -683,9 +691,10 @@ static void test_held(void)
     /* Requests in a backend: a fifth number (stale, 10-digit and empty ones
      * not counted; the field's other parts still are). */
     ok = ok && cmd(sc, "HSET thaw:held:m10 a 0:%" PRId64 ":0:0:5 b 2:%" PRId64 ":0:0:3 c 0:%" PRId64
-                       ":0:0:9 d 0:%" PRId64 ":0:0:1234567890 e 1:%" PRId64 ":0:0:",
-                   now, now, now - 60000, now, now);
-    ok = ok && cmd(sc, "HSET thaw:held:m3 x 9:%" PRId64, now - 31000) &&
+                       ":0:0:9 d 0:%" PRId64 ":0:0:1234567890 e 1:%" PRId64 ":0:0: f 0:%" PRId64
+                       ":0:0:7x",
+                   now, now, now - 60000, now, now, now);
+    ok = ok && cmd(sc, "HSET thaw:held:m3 x 9:%" PRId64 " y 2:%" PRId64, now - 31000, now - 660000) &&
          cmd(sc, "SET thaw:held:m4 5:%" PRId64, now);
     enum { BULK = 1200 };
     for (int i = 0; i < BULK; i++)
@@ -714,7 +723,7 @@ static void test_held(void)
     models[6 + BULK] = "m7"; /* queued 4 + 2, late 1000: a three-part field does not say */
     models[7 + BULK] = "m8"; /* queued 3 + 1, late 0: one activator says FIFO */
     models[8 + BULK] = "m9"; /* queued 5 + 2 + 1, late 200: later parts skipped, garbage not */
-    models[9 + BULK] = "m10"; /* held 2 + 1, in flight 5 + 3 */
+    models[9 + BULK] = "m10"; /* held 2 + 1, in flight 5 + 3 (not 9: stale, 10 digits, 7x) */
     struct redis_source_stats before, after;
     redis_source_get_stats(msrc, &before);
     struct result r = {0};
@@ -722,9 +731,10 @@ static void test_held(void)
     CHECK(r.calls == 0, "callback inside the call");
     CHECK(wait_result(&r, 1, 5000), "no answer");
     redis_source_get_stats(msrc, &after);
-    CHECK(r.status == 0 && r.n == 10 + BULK && r.vals && r.queued && r.late && r.inflight,
+    CHECK(r.status == 0 && r.n == 10 + BULK && r.vals && r.queued && r.late && r.inflight &&
+              r.silent,
           "status %d err %s", r.status, r.err);
-    if (r.vals && r.queued && r.late && r.inflight && r.n == 10 + BULK) {
+    if (r.vals && r.queued && r.late && r.inflight && r.silent && r.n == 10 + BULK) {
         CHECK(r.vals[0] == 9 && r.queued[0] == 0 && r.late[0] == -1, "m1 %lld %lld %lld",
               r.vals[0], r.queued[0], r.late[0]);
         CHECK(r.vals[4 + BULK] == 2 && r.queued[4 + BULK] == 7 && r.late[4 + BULK] == -1,
@@ -746,6 +756,16 @@ static void test_held(void)
         CHECK(r.inflight[0] == 0 && r.inflight[1] == 0 && r.inflight[4 + BULK] == 0,
               "inflight without a fifth part: %lld %lld %lld", r.inflight[0], r.inflight[1],
               r.inflight[4 + BULK]);
+        /* Silent: readable fields stale by up to 10 minutes or stamped more
+         * than fresh ahead (m1: c, 60 s old, and i, 5 s ahead within 30 s
+         * fresh, so only c; m3: x, 31 s old, not y, 11 minutes old; m5: c;
+         * m10: c). Bulk fields 40 s old count too. */
+        CHECK(r.silent[0] == 1 && r.silent[2] == 1 && r.silent[4 + BULK] == 1 &&
+                  r.silent[9 + BULK] == 1 && r.silent[1] == 0 && r.silent[3] == 0,
+              "silent m1 %lld m3 %lld m5 %lld m10 %lld m2 %lld m4 %lld", r.silent[0],
+              r.silent[2], r.silent[4 + BULK], r.silent[9 + BULK], r.silent[1], r.silent[3]);
+        CHECK(r.silent[4] == 1 && r.silent[5] == 1, "bulk silent %lld %lld", r.silent[4],
+              r.silent[5]);
         CHECK(r.late[1] == -1, "m2 late %lld", r.late[1]);
         CHECK(r.vals[1] == 0, "m2 %lld", r.vals[1]);
         CHECK(r.vals[2] == 0, "m3 %lld", r.vals[2]);

@@ -882,8 +882,8 @@ static void test_idle_by_activators(void **unused)
     struct policy_state st;
     policy_state_init(&st);
     /* Busy while requests are in flight; when the last one ends the rate
-     * still shows a window of tokens, but the model is idle at once and
-     * goes cold K later. */
+     * still shows a window of tokens, but the model is idle once nothing has
+     * been carried for POLICY_ACTIVATORS_IDLE_MS (2 s) and goes cold K later. */
     p.idle_by_activators = true;
     struct policy_decision d = {0};
     for (int t = 0; t < 30; t++) {
@@ -891,10 +891,19 @@ static void test_idle_by_activators(void **unused)
         assert_true(d.active);
     }
     assert_int_equal(d.desired, 3);
-    d = run_inflight(&p, &st, 300, 0, 0, 0, 30000);
+    /* One read of 0 between requests is not idle. */
+    run_inflight(&p, &st, 300, 0, 0, 0, 30000);
+    run_inflight(&p, &st, 300, 0, 0, 0, 30900);
+    assert_true(st.busy);
+    d = run_inflight(&p, &st, 300, 0, 0, 2, 32000);
+    assert_int_equal(st.ngaps, 0); /* no idle moment, no gap */
+    for (int t = 33; t < 38; t++)
+        d = run_inflight(&p, &st, 300, 0, 0, 0, (int64_t)t * 1000);
+    assert_false(st.busy); /* idle since 34 s */
     assert_true(d.active); /* kept warm */
-    d = run_inflight(&p, &st, 300, 0, 0, 0, 37000);
-    assert_false(d.active);
+    for (int t = 38; t <= 41; t++)
+        d = run_inflight(&p, &st, 300, 0, 0, 0, (int64_t)t * 1000);
+    assert_false(d.active); /* 34 s + K */
     assert_int_equal(d.desired, 0);
     /* A queue or held requests still count without anything in flight. */
     d = run_inflight(&p, &st, 0, 5, 0, 0, 38000);
@@ -941,6 +950,7 @@ static void test_idle_by_activators_still_learns_tokens_per_request(void **unuse
         run_inflight(&p, &st, 0, 0, 10, 10, (int64_t)t * 1000);
     for (; t < 36; t++)
         run_inflight(&p, &st, 200, 0, 0, t < 10 ? 10 : 0, (int64_t)t * 1000);
+    assert_false(st.busy); /* idle since 12 s, before the rate window closed */
     for (; t < 200; t++)
         run_inflight(&p, &st, 0, 0, 0, 0, (int64_t)t * 1000);
     /* A later wake at 1 request/s: 1 x 600 / 100 = 6 replicas (the prior of

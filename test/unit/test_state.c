@@ -123,11 +123,11 @@ static void test_held_and_wake(void **unused)
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
     assert_string_equal(models[0], "m1");
     long long held = 4;
-    scaler_state_held_ok(st, &held, NULL, NULL, NULL, 1, 10);
+    scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 10);
     assert_true(target_decision(t)->active);
     assert_int_equal(target_decision(t)->reason, POLICY_REASON_HELD);
     held = 0;
-    scaler_state_held_ok(st, &held, NULL, NULL, NULL, 1, 20);
+    scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 20);
     assert_false(target_decision(t)->active);
 
     changes = 0;
@@ -135,7 +135,7 @@ static void test_held_and_wake(void **unused)
     assert_int_equal(changes, 1);
     assert_true(last_change.active);
     /* A held poll racing the wake does not flip it back... */
-    scaler_state_held_ok(st, &held, NULL, NULL, NULL, 1, 1100);
+    scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 1100);
     assert_true(target_decision(t)->active);
     /* ...until the wake hold expires. */
     scaler_state_tick(st, 6001);
@@ -182,10 +182,10 @@ static void test_wake_claims(void **unused)
     const char *const *models;
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
     long long held = 100;
-    scaler_state_held_ok(st, &held, NULL, NULL, NULL, 1, 6400);
+    scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 6400);
     assert_int_equal(held_input(st, 6400), 100);
     held = 0;
-    scaler_state_held_ok(st, &held, NULL, NULL, NULL, 1, 6500);
+    scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 6500);
     assert_int_equal(held_input(st, 6500), 41);
     assert_int_equal(held_input(st, 7300), 0); /* every claim ended */
     /* More activators than slots: the claims ending first make room. */
@@ -222,7 +222,7 @@ static void test_fail_safe_and_staleness(void **unused)
     struct prom_sample zero[] = {{"m1", 0}};
     scaler_state_prom_ok(st, zero, 1, 21000);
     long long held = 0;
-    scaler_state_held_ok(st, &held, NULL, NULL, NULL, 1, 21000);
+    scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 21000);
     assert_int_equal(target_decision(t)->desired, 0);
     assert_false(target_beyond_staleness(st, t, 21001));
 
@@ -302,7 +302,7 @@ static void test_queued_at_cap_is_backlog(void **unused)
     const char *const *models;
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
     long long held = 0, queued = 25;
-    scaler_state_held_ok(st, &held, &queued, NULL, NULL, 1, 2);
+    scaler_state_held_ok(st, &held, &queued, NULL, NULL, NULL, 1, 2);
     /* v1: ceil((5 + 25) / 10) */
     assert_int_equal(target_decision(t)->desired, 3);
     assert_true(target_decision(t)->active);
@@ -324,7 +324,7 @@ static void test_queued_at_cap_is_backlog(void **unused)
 
     /* Gone from the activators: only the jobs are left. */
     queued = 0;
-    scaler_state_held_ok(st, &held, &queued, NULL, NULL, 1, 4);
+    scaler_state_held_ok(st, &held, &queued, NULL, NULL, NULL, 1, 4);
     assert_int_equal(target_decision(t)->desired, 1);
     metadata_spec_finish(&a);
     scaler_state_free(st);
@@ -352,7 +352,7 @@ static void test_inflight_is_the_activators_idle_signal(void **unused)
     int64_t now = 1000;
     for (; now <= 10000; now += 1000) {
         scaler_state_prom_ok(st, s, 1, now);
-        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, 1, now);
+        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, NULL, 1, now);
     }
     assert_true(target_decision(ta)->active);
     struct evbuffer *b;
@@ -367,13 +367,42 @@ static void test_inflight_is_the_activators_idle_signal(void **unused)
     inflight = 0;
     for (int64_t end = now + 4000; now <= end; now += 1000) {
         scaler_state_prom_ok(st, s, 1, now);
-        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, 1, now);
+        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, NULL, 1, now);
         scaler_state_tick(st, now); /* the scaler's 1 s timer: keep-warm runs out */
     }
     assert_false(target_decision(ta)->active);
     assert_int_equal(target_decision(ta)->desired, 0);
     assert_true(target_decision(tr)->active);
     assert_true(target_decision(tr)->desired >= 1);
+
+    /* Busy again; then the sum says 0 but an activator stopped reporting
+     * while it carried requests (its field went stale): unknown, so the
+     * token rate decides and the model stays up while it shows tokens. */
+    inflight = 3;
+    for (int64_t end = now + 3000; now <= end; now += 1000) {
+        scaler_state_prom_ok(st, s, 1, now);
+        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, &zero, 1, now);
+        scaler_state_tick(st, now);
+    }
+    assert_true(target_decision(ta)->active);
+    inflight = 0;
+    long long silent = 1;
+    for (int64_t end = now + 8000; now <= end; now += 1000) {
+        scaler_state_prom_ok(st, s, 1, now);
+        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, &silent, 1, now);
+        scaler_state_tick(st, now);
+    }
+    assert_true(target_decision(ta)->active);
+    text = render(st, now, &b);
+    assert_non_null(strstr(text, "\"silentActivators\":1"));
+    evbuffer_free(b);
+    silent = 0;
+    for (int64_t end = now + 6000; now <= end; now += 1000) {
+        scaler_state_prom_ok(st, s, 1, now);
+        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, &silent, 1, now);
+        scaler_state_tick(st, now);
+    }
+    assert_false(target_decision(ta)->active);
     metadata_spec_finish(&by_act);
     metadata_spec_finish(&by_rate);
     scaler_state_free(st);
@@ -415,7 +444,7 @@ static void test_activators_late_setting_wins(void **unused)
         long long held = 0, queued = 2000, late = runs[run].published;
         for (int64_t now = 100; now <= 120100; now += 1000) {
             scaler_state_prom_ok(st, s, 1, now);
-            scaler_state_held_ok(st, &held, &queued, &late, NULL, 1, now);
+            scaler_state_held_ok(st, &held, &queued, &late, NULL, NULL, 1, now);
             scaler_state_tick(st, now);
         }
         assert_int_equal(target_decision(t)->desired, runs[run].desired);
@@ -444,7 +473,7 @@ static void test_policy_v2_reaches_the_decision(void **unused)
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
     queues_empty(st, 1);
     long long held = 0;
-    scaler_state_held_ok(st, &held, NULL, NULL, NULL, 1, 1);
+    scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 1);
     struct prom_sample s[] = {{"m1", 3000}};
     scaler_state_prom_ok(st, s, 1, 100);
     /* ceil(3000 / (1000 x 0.88)) = 4, where v1 says 3 */
@@ -485,7 +514,7 @@ static void held_round(struct scaler_state *st, long long held, long long queued
 {
     const char *const *models;
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
-    scaler_state_held_ok(st, &held, &queued, NULL, NULL, 1, now);
+    scaler_state_held_ok(st, &held, &queued, NULL, NULL, NULL, 1, now);
     scaler_state_tick(st, now); /* the scaler's 1 s tick decides every target */
 }
 
