@@ -2780,6 +2780,17 @@ static void check_drained(struct proxy *px)
          * next count, not a TTL later. */
         if (px->redis && redis_link_up(px->redis))
             redis_link_leave(px->redis, px->peers_key);
+        /* Nothing is carried any more: delete the thaw:held fields now. One
+         * left behind would go stale, and the scaler would take it for an
+         * activator that went silent with requests in flight. */
+        for (size_t i = 0; i < px->nmodels; i++) {
+            px->models[i]->inflight_peak = px->models[i]->inflight_peak_prev = 0;
+            publish_held(px->models[i]);
+        }
+        for (struct model_rt *m = px->removed; m; m = m->next_removed) {
+            m->inflight_peak = m->inflight_peak_prev = 0;
+            publish_held(m);
+        }
         /* While the loop still turns (the exit flush), so cancelled lookups
          * are finished and freed. */
         scaler_wake_cancel(px->scaler_wake);

@@ -610,8 +610,9 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         busy = true;
     /* When every request passes through the activators, they know the
      * moment the last one ends; the rate shows it a window (and a scrape)
-     * later, with the replicas idle meanwhile. A stale count is not used:
-     * the fail-safe keeps the last decision then. */
+     * later, with the replicas idle meanwhile. A count that is stale (Redis
+     * failing: the fail-safe keeps the last decision) or unknown (an
+     * activator went silent with requests) is not used: the rate decides. */
     bool by_activators = p->idle_by_activators && in->inflight_known && !in->held_stale;
     if (by_activators) {
         double carried = isfinite(in->inflight) && in->inflight > 0 ? in->inflight : 0;

@@ -394,3 +394,27 @@ test('SIGTERM while holding: no Redis held field outlives the drain', () => {
   // assert.ok: a one-line message (a multi-line diff in a TODO's YAML block trips meson's TAP parser).
   assert.ok(drainFields['dn-never'] === '', `thaw:held:dn-never field after exit: ${drainFields['dn-never']}`);
 });
+
+// The in-flight count (idleSignal activators) shows a finished request for two
+// refreshes; an activator that drains and exits inside that time must still
+// delete its field, or the scaler would take the stale field for an activator
+// gone silent with requests in flight (and ignore the idle signal for minutes).
+test('SIGTERM with a request in a backend: the field is gone once the drain ends, not left with its in-flight count', async () => {
+  const port = await stablePort();
+  const fv = await startFakeVllm({ model: 'dn-flight', port, tokensPerSecond: 40, waitReady: true });
+  const act = await startActivator({ models: [modelCfg('dn-flight', port)] },
+    { redisUrl: redis.url, instanceId: 'act-flight' });
+  try {
+    const stream = complete(act.port, 'dn-flight', { maxTokens: 60, stream: true });
+    await waitUntil(async () => /^0:\d+:0:0:1$/.test(await redis.cli('HGET', 'thaw:held:dn-flight', 'act-flight')), 3000,
+      { what: 'the in-flight request published' });
+    act.proc.proc.kill('SIGTERM');
+    assert.equal((await stream).status, 200);
+    assert.equal(await act.proc.exited, 0);
+    const left = await redis.cli('HGET', 'thaw:held:dn-flight', 'act-flight');
+    assert.ok(left === '', `thaw:held:dn-flight field after exit: ${left}`);
+  } finally {
+    if (act.proc.exitCode === null) await act.stop();
+    await fv.stop();
+  }
+});
