@@ -1624,6 +1624,16 @@ static void publish_held_at(struct model_rt *m, bool refresh)
 
 static void publish_held(struct model_rt *m) { publish_held_at(m, false); }
 
+/* The drain is over and nothing is carried: the field goes now (HDEL), not
+ * at a refresh that will not come, and not left with a peak: a field left
+ * behind goes stale, and the scaler takes it for an activator that went
+ * silent with requests in flight. */
+static void publish_drained(struct model_rt *m)
+{
+    m->inflight_peak = m->inflight_peak_prev = 0;
+    publish_held(m);
+}
+
 /* The drain is over: no more lookups, polls, probes or fallback timers. */
 static void model_stop(struct model_rt *m)
 {
@@ -2780,17 +2790,10 @@ static void check_drained(struct proxy *px)
          * next count, not a TTL later. */
         if (px->redis && redis_link_up(px->redis))
             redis_link_leave(px->redis, px->peers_key);
-        /* Nothing is carried any more: delete the thaw:held fields now. One
-         * left behind would go stale, and the scaler would take it for an
-         * activator that went silent with requests in flight. */
-        for (size_t i = 0; i < px->nmodels; i++) {
-            px->models[i]->inflight_peak = px->models[i]->inflight_peak_prev = 0;
-            publish_held(px->models[i]);
-        }
-        for (struct model_rt *m = px->removed; m; m = m->next_removed) {
-            m->inflight_peak = m->inflight_peak_prev = 0;
-            publish_held(m);
-        }
+        for (size_t i = 0; i < px->nmodels; i++)
+            publish_drained(px->models[i]);
+        for (struct model_rt *m = px->removed; m; m = m->next_removed)
+            publish_drained(m);
         /* While the loop still turns (the exit flush), so cancelled lookups
          * are finished and freed. */
         scaler_wake_cancel(px->scaler_wake);

@@ -615,7 +615,7 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
      * activator went silent with requests) is not used: the rate decides. */
     bool by_activators = p->idle_by_activators && in->inflight_known && !in->held_stale;
     if (by_activators) {
-        double carried = isfinite(in->inflight) && in->inflight > 0 ? in->inflight : 0;
+        double carried = clean(in->inflight);
         if (carried > 0)
             st->carried_seen_ms = now_ms;
         busy = carried > 0 || q > p->activation_queue_length || h > 0 ||

@@ -285,7 +285,8 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
              t->decision.raw, t->decision.active ? "true" : "false",
              policy_direction_to_str(t->decision.direction),
              policy_reason_to_str(t->decision.reason), in.token_rate, in.queue, in.held,
-             t->model->inflight, (in.token_rate_stale || in.queue_stale || in.held_stale) ? "true" : "false");
+             t->model->inflight,
+             (in.token_rate_stale || in.queue_stale || in.held_stale) ? "true" : "false");
     if (st->on_change)
         st->on_change(st->ud, t, had ? &prev : NULL, &t->decision);
 }
@@ -968,10 +969,10 @@ void scaler_state_write_models_json(const struct scaler_state *st, struct evbuff
             "activationQueueLength", t->spec.activation_queue_length);
         if (o) {
             json_t *ins = json_object_get(o, "inputs");
-            if (ins)
+            if (ins) {
                 json_object_set_new(ins, "inflightRequests", json_real(t->model->inflight));
-            if (ins)
                 json_object_set_new(ins, "silentActivators", json_integer(t->model->silent));
+            }
             /* The policy in force and what it has learned, so "why this
              * many replicas" can be answered without reading the metadata. */
             struct policy_params p;

@@ -330,6 +330,21 @@ static void test_queued_at_cap_is_backlog(void **unused)
     scaler_state_free(st);
 }
 
+/* One model's inputs each second from now, for `seconds` seconds: the token
+ * rate of s, the activators' in-flight and silent counts, nothing held or
+ * queued; the scaler's 1 s timer after each. Returns the next second. */
+static int64_t feed_seconds(struct scaler_state *st, const struct prom_sample *s,
+                            long long inflight, long long silent, int64_t now, int seconds)
+{
+    long long zero = 0;
+    for (int i = 0; i < seconds; i++, now += 1000) {
+        scaler_state_prom_ok(st, s, 1, now);
+        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, &silent, 1, now);
+        scaler_state_tick(st, now); /* keep-warm runs out on the timer */
+    }
+    return now;
+}
+
 /* The activators' in-flight count: shown as an input, and the idle signal of
  * a target with idleSignal activators (the same model's token-rate target
  * stays busy on a rate the activators say is history). */
@@ -348,12 +363,7 @@ static void test_inflight_is_the_activators_idle_signal(void **unused)
     const char *const *models;
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
     struct prom_sample s[] = {{"m1", 500}};
-    long long zero = 0, inflight = 7;
-    int64_t now = 1000;
-    for (; now <= 10000; now += 1000) {
-        scaler_state_prom_ok(st, s, 1, now);
-        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, NULL, 1, now);
-    }
+    int64_t now = feed_seconds(st, s, 7, 0, 1000, 10);
     assert_true(target_decision(ta)->active);
     struct evbuffer *b;
     const char *text = render(st, now, &b);
@@ -364,12 +374,7 @@ static void test_inflight_is_the_activators_idle_signal(void **unused)
     evbuffer_free(b);
     /* The last request ends; the rate still shows 500 tokens/s. After the
      * 2 s keep-warm, the activators' target goes to zero, the other stays. */
-    inflight = 0;
-    for (int64_t end = now + 4000; now <= end; now += 1000) {
-        scaler_state_prom_ok(st, s, 1, now);
-        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, NULL, 1, now);
-        scaler_state_tick(st, now); /* the scaler's 1 s timer: keep-warm runs out */
-    }
+    now = feed_seconds(st, s, 0, 0, now, 5);
     assert_false(target_decision(ta)->active);
     assert_int_equal(target_decision(ta)->desired, 0);
     assert_true(target_decision(tr)->active);
@@ -378,30 +383,14 @@ static void test_inflight_is_the_activators_idle_signal(void **unused)
     /* Busy again; then the sum says 0 but an activator stopped reporting
      * while it carried requests (its field went stale): unknown, so the
      * token rate decides and the model stays up while it shows tokens. */
-    inflight = 3;
-    for (int64_t end = now + 3000; now <= end; now += 1000) {
-        scaler_state_prom_ok(st, s, 1, now);
-        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, &zero, 1, now);
-        scaler_state_tick(st, now);
-    }
+    now = feed_seconds(st, s, 3, 0, now, 4);
     assert_true(target_decision(ta)->active);
-    inflight = 0;
-    long long silent = 1;
-    for (int64_t end = now + 8000; now <= end; now += 1000) {
-        scaler_state_prom_ok(st, s, 1, now);
-        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, &silent, 1, now);
-        scaler_state_tick(st, now);
-    }
+    now = feed_seconds(st, s, 0, 1, now, 9);
     assert_true(target_decision(ta)->active);
     text = render(st, now, &b);
     assert_non_null(strstr(text, "\"silentActivators\":1"));
     evbuffer_free(b);
-    silent = 0;
-    for (int64_t end = now + 6000; now <= end; now += 1000) {
-        scaler_state_prom_ok(st, s, 1, now);
-        scaler_state_held_ok(st, &zero, &zero, NULL, &inflight, &silent, 1, now);
-        scaler_state_tick(st, now);
-    }
+    now = feed_seconds(st, s, 0, 0, now, 7);
     assert_false(target_decision(ta)->active);
     metadata_spec_finish(&by_act);
     metadata_spec_finish(&by_rate);
