@@ -67,7 +67,9 @@ void holdq_push_front(struct holdq *q, struct holdq_node *n)
     int t = n->tier;
     /* Back to its place by arrival: it was popped from the head, or, with
      * late requests last, from behind late ones, which it must not pass
-     * again (and each tier stays in deadline order). Rare, so a scan. */
+     * again (and each tier stays in deadline order). Rare, so a scan. The
+     * cursors stay valid: clocks grow with arrival within each part, so
+     * landing before a late entry of its part means it is late too. */
     struct holdq_node *after = NULL, *before = q->head[t];
     while (before && before->enqueued_ms < n->enqueued_ms) {
         after = before;
@@ -99,8 +101,13 @@ void holdq_remove(struct holdq *q, struct holdq_node *n)
         n->next->prev = n->prev;
     else
         q->tail[t] = n->prev;
+    /* Each cursor moves back one: what is before it is still late (held). */
     if (q->last_late[t] == n)
-        q->last_late[t] = n->prev; /* still late, and so is all before it */
+        q->last_late[t] = n->prev;
+    if (q->last_late_held[t] == n)
+        q->last_late_held[t] = n->prev;
+    if (q->last_held[t] == n)
+        q->last_held[t] = n->prev;
     n->prev = n->next = NULL;
     n->queued = false;
     q->count--;
@@ -120,12 +127,37 @@ struct holdq_node *holdq_pop(struct holdq *q)
     return NULL;
 }
 
-bool holdq_is_late(const struct holdq_node *n, int64_t now_ms, int64_t late_after_ms,
-                   int64_t ready_since_ms)
+static bool held_through_wake(const struct holdq *q, const struct holdq_node *n)
 {
-    /* Times are monotonic milliseconds, far from the int64 bounds. */
-    int64_t from = n->enqueued_ms > ready_since_ms ? n->enqueued_ms : ready_since_ms;
-    return from < now_ms - late_after_ms;
+    return n->enqueued_ms < q->ready_since_ms;
+}
+
+/* When n's clock started (see holdq.h). Times are monotonic milliseconds,
+ * far from the int64 bounds. */
+static int64_t clock_start(const struct holdq *q, const struct holdq_node *n)
+{
+    if (held_through_wake(q, n))
+        return n->enqueued_ms + q->held_allowance_ms;
+    return n->enqueued_ms;
+}
+
+bool holdq_is_late(const struct holdq *q, const struct holdq_node *n, int64_t now_ms)
+{
+    return clock_start(q, n) < now_ms - q->late_after_ms;
+}
+
+/* Advances *cursor over the late entries of one part of a tier, from `from`
+ * up to (not including) `end`; returns the first entry on time, or NULL. */
+static struct holdq_node *first_on_time(const struct holdq *q, struct holdq_node **cursor,
+                                        struct holdq_node *from, struct holdq_node *end,
+                                        int64_t now_ms)
+{
+    struct holdq_node *n = from;
+    while (n && n != end && holdq_is_late(q, n, now_ms)) {
+        *cursor = n;
+        n = n->next;
+    }
+    return n == end ? NULL : n;
 }
 
 struct holdq_node *holdq_pop_fresh_first(struct holdq *q, int64_t now_ms, int64_t late_after_ms,
@@ -133,9 +165,17 @@ struct holdq_node *holdq_pop_fresh_first(struct holdq *q, int64_t now_ms, int64_
 {
     if (late_after_ms <= 0)
         return holdq_pop(q);
+    if (ready_since_ms != q->ready_since_ms) {
+        /* The wake just ended: its length is the wait of the oldest entry
+         * held through it. */
+        int64_t oldest = holdq_oldest_enqueued(q);
+        q->held_allowance_ms = oldest < ready_since_ms ? ready_since_ms - oldest : 0;
+    }
     if (ready_since_ms != q->ready_since_ms || late_after_ms != q->late_after_ms) {
-        /* Held requests' clocks start at the release, and a reload may
-         * lengthen late_after: what was late before may not be now. */
+        /* Held requests' clocks start again, and a reload may lengthen
+         * late_after: what was late before may not be now. */
+        memset(q->last_held, 0, sizeof(q->last_held));
+        memset(q->last_late_held, 0, sizeof(q->last_late_held));
         memset(q->last_late, 0, sizeof(q->last_late));
         q->ready_since_ms = ready_since_ms;
         q->late_after_ms = late_after_ms;
@@ -143,11 +183,23 @@ struct holdq_node *holdq_pop_fresh_first(struct holdq *q, int64_t now_ms, int64_
     for (int t = 0; t < TIER_COUNT; t++) {
         if (!q->head[t])
             continue;
-        struct holdq_node *n = q->last_late[t] ? q->last_late[t]->next : q->head[t];
-        while (n && holdq_is_late(n, now_ms, late_after_ms, ready_since_ms)) {
-            q->last_late[t] = n;
-            n = n->next;
+        /* The entries held through the wake are a prefix of the tier. */
+        struct holdq_node *rest = q->last_held[t] ? q->last_held[t]->next : q->head[t];
+        while (rest && held_through_wake(q, rest)) {
+            q->last_held[t] = rest;
+            rest = rest->next;
         }
+        struct holdq_node *held =
+            first_on_time(q, &q->last_late_held[t],
+                          q->last_late_held[t] ? q->last_late_held[t]->next : q->head[t], rest,
+                          now_ms);
+        /* A removal can leave this cursor on the last held entry, whose next
+         * is rest. */
+        struct holdq_node *newer = first_on_time(
+            q, &q->last_late[t], q->last_late[t] ? q->last_late[t]->next : rest, NULL, now_ms);
+        struct holdq_node *n = held;
+        if (!n || (newer && clock_start(q, newer) < clock_start(q, held)))
+            n = newer;
         if (!n)
             n = q->head[t]; /* every entry of the tier is late: the oldest */
         holdq_remove(q, n);

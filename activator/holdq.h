@@ -10,12 +10,24 @@
  * than late_after since it could first be sent (its arrival, or the moment the
  * model last became able to take requests, if that is later) is likely to miss
  * a time-to-first-token objective of that order anyway; sending it before a
- * newer one makes that one late as well. So within a tier the oldest request
- * that is not late goes first, and late ones, oldest first, only when no
- * request of the tier is on time. A late request is not dropped: it waits for
- * a free slot or its hold timeout like any other. Lateness only grows with
- * time, so each tier keeps a cursor to its last known late entry and a pop
- * costs O(1) amortized.
+ * newer one makes that one late as well. So within a tier the request on time
+ * whose clock started first goes first, and late ones, oldest first, only when
+ * no request of the tier is on time. A late request is not dropped: it waits
+ * for a free slot or its hold timeout like any other.
+ *
+ * Requests held through a wake (enqueued before the model became ready) were
+ * promised a cold start, not a warm answer: the one that waited longest has
+ * used its allowance up, one that came in at the end of the wake has not. So
+ * each keeps the wake as an allowance: its clock starts at its enqueue time
+ * plus the wake's length (ready_since minus the oldest enqueue time then
+ * held), not all at once at ready_since. Without it, every held request
+ * turned late together late_after after the release and newer requests
+ * passed the whole backlog, so the ones held at the end of a wake missed a
+ * deadline they could have met (earliest deadline first among those on time).
+ *
+ * Lateness only grows with time and both parts of a tier (held through the
+ * wake, then the rest) are in clock order, so each part keeps a cursor to its
+ * last known late entry and a pop costs O(1) amortized.
  *
  * Deadlines: pop_expired looks at the head of each tier. Entries of one model
  * share a hold timeout, so each FIFO is in deadline order; after a reload
@@ -41,12 +53,17 @@ struct holdq_node {
 
 struct holdq {
     struct holdq_node *head[TIER_COUNT], *tail[TIER_COUNT];
-    /* Last entry of each tier known to be late (all before it are too), or
-     * NULL; valid for ready_since_ms and late_after_ms, reset when either
-     * changes. */
+    /* Per tier, valid for ready_since_ms and late_after_ms and reset when
+     * either changes: the last entry known to be held through the wake
+     * (enqueued before ready_since_ms; they come first), the last of those
+     * known to be late, and the last known late entry after them (each: all
+     * before it in its part are too), or NULL. */
+    struct holdq_node *last_held[TIER_COUNT];
+    struct holdq_node *last_late_held[TIER_COUNT];
     struct holdq_node *last_late[TIER_COUNT];
     int64_t ready_since_ms;
     int64_t late_after_ms;
+    int64_t held_allowance_ms; /* the wake's length, added to held entries' clocks */
     size_t count;
     size_t count_by_tier[TIER_COUNT];
     size_t bytes;
@@ -77,15 +94,18 @@ void holdq_push_front(struct holdq *q, struct holdq_node *n);
  * first, then arrival order. */
 struct holdq_node *holdq_pop(struct holdq *q);
 /* Like holdq_pop, but within a tier entries that have waited more than
- * late_after_ms since max(enqueued, ready_since_ms) go after those that have
- * not. late_after_ms <= 0: holdq_pop. ready_since_ms: when the model last
- * became ready (held requests could not be sent before). */
+ * late_after_ms since they could first be sent go after those that have not,
+ * and those on time go by that time (earliest deadline first). An entry's
+ * clock starts at max(enqueued, ready_since_ms), or, for an entry enqueued
+ * before ready_since_ms, at enqueued plus the wake's length (see above;
+ * measured at the first call with a new ready_since_ms). late_after_ms <= 0:
+ * holdq_pop. ready_since_ms: when the model last became ready (held requests
+ * could not be sent before). */
 struct holdq_node *holdq_pop_fresh_first(struct holdq *q, int64_t now_ms, int64_t late_after_ms,
                                          int64_t ready_since_ms);
-/* Whether n has waited more than late_after_ms since max(enqueued,
- * ready_since_ms): what holdq_pop_fresh_first sends last. */
-bool holdq_is_late(const struct holdq_node *n, int64_t now_ms, int64_t late_after_ms,
-                   int64_t ready_since_ms);
+/* Whether n was late when holdq_pop_fresh_first last ran (with late_after_ms
+ * > 0) at now_ms: what it sends last. */
+bool holdq_is_late(const struct holdq *q, const struct holdq_node *n, int64_t now_ms);
 /* Removes and returns an entry whose deadline is <= now, or NULL. */
 struct holdq_node *holdq_pop_expired(struct holdq *q, int64_t now_ms);
 /* Unlinks n if queued (no-op otherwise). */

@@ -1480,12 +1480,12 @@ static void release_held(struct model_rt *m)
         if (backend_capacity(m->be) == 0 || m->px->socket_starved)
             break;
         /* Held requests could not be sent before the model was ready:
-         * their lateness counts from then. */
+         * their lateness counts from then, each with the wake's length
+         * as its allowance (holdq.h). */
         int64_t since = m->sm.forwardable_since_ms;
         struct holdq_node *n = holdq_pop_fresh_first(&m->hq, now, m->mc->late_after_ms, since);
         struct req *r = req_of_node(n);
-        if (m->mc->late_after_ms > 0 && !r->released_late &&
-            holdq_is_late(n, now, m->mc->late_after_ms, since)) {
+        if (m->mc->late_after_ms > 0 && !r->released_late && holdq_is_late(&m->hq, n, now)) {
             r->released_late = true;
             m->late_released++;
         }

@@ -435,6 +435,7 @@ int main(int argc, char **argv)
                 sc.timeline = tl;
                 sc.requests_out = rq;
                 sc.warm_start = cfg.warm_start != 0;
+                sc.check_order = cfg.smoke != 0;
                 if (cfg.thaw && apply_thaw_overrides(cfg.thaw, &sc, err, sizeof(err)) != 0) {
                     fprintf(stderr, "thaw-replay: %s\n", err);
                     trace_finish(&tr);

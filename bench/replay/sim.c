@@ -157,11 +157,16 @@ struct sim {
     int ready; /* ready, not draining */
 
     size_t next_arr, qhead, done;
-    size_t ontime;   /* late_after_s > 0: first waiting request not yet late */
+    /* late_after_s > 0: requests before held_end arrived before ready_since
+     * (held through the wake); the first of them and the first after them
+     * not yet late. */
+    size_t held_end, held_ontime, ontime;
     size_t nwaiting; /* arrived, not admitted */
     unsigned char *taken;
     double ready_since;  /* when the first of the ready replicas became ready */
+    double allowance;    /* the wake's length, added to held requests' clocks */
     double *admit_since; /* ready_since when each request was admitted (checks) */
+    double *admit_allowance; /* allowance then (checks) */
     double *start, *first, *fin;
     int *rep;
     unsigned char *cold;
@@ -342,6 +347,7 @@ static int admit(struct sim *s, size_t i, size_t r)
     s->rep[i] = (int)r;
     s->taken[i] = 1;
     s->admit_since[i] = s->ready_since;
+    s->admit_allowance[i] = s->allowance;
     s->nwaiting--;
     rp->seqs[rp->nseq++] = (struct seq){.req = (int)i, .prefill_left = q->ctx};
     return rp->stepping ? 0 : step_start(s, r);
@@ -356,12 +362,23 @@ static int pending_prefill(const struct sim *s, const struct replica *rp)
     return n;
 }
 
+/* When request i's lateness clock started, ready since rs with allowance a:
+ * its arrival, or rs if nothing was ready then, plus the wake's length for a
+ * request held through the wake (the activator's holdq.h). */
+static double clock_start(const struct sim *s, size_t i, double rs, double a)
+{
+    double t = s->tr->reqs[i].t;
+    return t < rs ? t + a : t;
+}
+
 /* The next request to admit, or SIZE_MAX. FIFO; with late_after_s > 0 (the
- * activator's lateAfterSeconds), requests that have waited longer than that
- * since they could first be sent (arrival, or the moment a replica became
- * ready if none was) go behind those still on time: a late request has
- * missed its objective already, and serving it first makes the next one late
- * too. The activator's holdq_pop_fresh_first, without tiers. */
+ * activator's lateAfterSeconds), requests whose clock started longer ago
+ * than that (see clock_start) go behind those still on time, and those on
+ * time go by their clocks: a late request has missed its objective already,
+ * and serving it first makes the next one late too. The activator's
+ * holdq_pop_fresh_first, without tiers. Clocks grow with arrival among the
+ * held requests and among the rest, so a cursor per part finds its first
+ * request on time. */
 static size_t next_waiting(struct sim *s)
 {
     while (s->qhead < s->next_arr && s->taken[s->qhead])
@@ -371,13 +388,45 @@ static size_t next_waiting(struct sim *s)
     double late = s->cfg->late_after_s;
     if (late <= 0)
         return s->qhead;
-    if (s->ontime < s->qhead)
-        s->ontime = s->qhead;
+    double rs = s->ready_since, a = s->allowance;
+    if (s->held_ontime < s->qhead)
+        s->held_ontime = s->qhead;
+    while (s->held_ontime < s->held_end &&
+           (s->taken[s->held_ontime] || clock_start(s, s->held_ontime, rs, a) < s->now - late))
+        s->held_ontime++;
+    size_t rest = s->held_end > s->qhead ? s->held_end : s->qhead;
+    if (s->ontime < rest)
+        s->ontime = rest;
     while (s->ontime < s->next_arr &&
-           (s->taken[s->ontime] ||
-            fmax(s->tr->reqs[s->ontime].t, s->ready_since) < s->now - late))
+           (s->taken[s->ontime] || clock_start(s, s->ontime, rs, a) < s->now - late))
         s->ontime++;
-    return s->ontime < s->next_arr ? s->ontime : s->qhead;
+    bool held = s->held_ontime < s->held_end, newer = s->ontime < s->next_arr;
+    if (held && newer)
+        return clock_start(s, s->ontime, rs, a) < clock_start(s, s->held_ontime, rs, a)
+                   ? s->ontime
+                   : s->held_ontime;
+    return held ? s->held_ontime : newer ? s->ontime : s->qhead;
+}
+
+/* next_waiting's answer by its definition: a scan of every waiting request. */
+static size_t next_waiting_by_scan(const struct sim *s)
+{
+    size_t best = SIZE_MAX, oldest = SIZE_MAX;
+    double best_clock = 0, late = s->cfg->late_after_s;
+    for (size_t i = 0; i < s->next_arr; i++) {
+        if (s->taken[i])
+            continue;
+        if (oldest == SIZE_MAX)
+            oldest = i;
+        if (late <= 0)
+            return i;
+        double c = clock_start(s, i, s->ready_since, s->allowance);
+        if (!(c < s->now - late) && (best == SIZE_MAX || c < best_clock)) {
+            best = i;
+            best_clock = c;
+        }
+    }
+    return best != SIZE_MAX ? best : oldest;
 }
 
 /* Admits waiting requests while a ready replica has a free slot, to the one
@@ -386,6 +435,9 @@ static int dispatch(struct sim *s)
 {
     for (;;) {
         size_t i = next_waiting(s);
+        if (s->cfg->check_order && i != next_waiting_by_scan(s))
+            violation(s, "request %zu picked at %.3f, not %zu", i, s->now,
+                      next_waiting_by_scan(s));
         if (i == SIZE_MAX)
             break;
         size_t best = SIZE_MAX;
@@ -999,10 +1051,17 @@ static int on_ready(struct sim *s, int r)
         return 0; /* removed before it was ready */
     rp->state = R_READY;
     if (s->ready++ == 0) {
-        /* Requests held meanwhile could not be sent before: their lateness
-         * counts from now, so the cursor starts over. */
+        /* Requests held meanwhile could not be sent before: their clocks
+         * start over, with the wake's length (the oldest one's wait) as the
+         * allowance of those held through it. */
         s->ready_since = s->now;
-        s->ontime = s->qhead;
+        while (s->qhead < s->next_arr && s->taken[s->qhead])
+            s->qhead++;
+        s->allowance = s->qhead < s->next_arr ? s->now - s->tr->reqs[s->qhead].t : 0;
+        s->held_end = s->next_arr;
+        while (s->held_end > s->qhead && s->tr->reqs[s->held_end - 1].t >= s->now)
+            s->held_end--;
+        s->held_ontime = s->ontime = s->qhead;
     }
     return dispatch(s);
 }
@@ -1054,19 +1113,24 @@ static void finish(struct sim *s)
         const struct trace_req *q = &tr->reqs[i];
         double t = s->first[i] - q->t;
         /* In order, except that with late requests last a request passes an
-         * older one if and only if that one was late by then and it was not
-         * (lateness counted from arrival or the last readiness). */
+         * older one if and only if that one was late by then, or its clock
+         * started later (next_waiting). Judged with the readiness and
+         * allowance in force when the first of the two was admitted. */
         bool bad_order = false;
         if (i > 0) {
-            double late = s->cfg->late_after_s, prev_t = tr->reqs[i - 1].t;
+            double late = s->cfg->late_after_s;
             if (late <= 0) {
                 bad_order = s->start[i] < s->start[i - 1];
             } else if (s->start[i] < s->start[i - 1]) {
-                bad_order = !(fmax(prev_t, s->admit_since[i]) < s->start[i] - late + 1e-9);
+                double rs = s->admit_since[i], a = s->admit_allowance[i];
+                double older = clock_start(s, i - 1, rs, a), newer = clock_start(s, i, rs, a);
+                bad_order = !(older < s->start[i] - late + 1e-9) && !(newer < older + 1e-9);
             } else if (s->start[i] > s->start[i - 1] + 1e-9 && q->t <= s->start[i - 1]) {
-                double at = s->start[i - 1], since = s->admit_since[i - 1];
-                bad_order = fmax(prev_t, since) < at - late - 1e-9 &&
-                            fmax(q->t, since) > at - late + 1e-9;
+                double at = s->start[i - 1], rs = s->admit_since[i - 1],
+                       a = s->admit_allowance[i - 1];
+                double older = clock_start(s, i - 1, rs, a), newer = clock_start(s, i, rs, a);
+                bool older_late = older < at - late - 1e-9, newer_late = newer < at - late + 1e-9;
+                bad_order = !newer_late && (older_late || newer < older - 1e-9);
             }
         }
         if (!(s->fin[i] >= s->first[i]) || !(s->start[i] >= q->t - 1e-9) || bad_order) {
@@ -1109,6 +1173,7 @@ static void sim_free(struct sim *s)
     thaw_free(s->start);
     thaw_free(s->taken);
     thaw_free(s->admit_since);
+    thaw_free(s->admit_allowance);
     thaw_free(s->first);
     thaw_free(s->fin);
     thaw_free(s->ttft);
@@ -1212,8 +1277,9 @@ int sim_run(const struct trace *tr, const struct sim_config *cfg, struct sim_res
     s->cold = thaw_calloc(n, 1);
     s->taken = thaw_calloc(n, 1);
     s->admit_since = thaw_calloc(n, sizeof(double));
+    s->admit_allowance = thaw_calloc(n, sizeof(double));
     int rc = (!s->start || !s->first || !s->fin || !s->ttft || !s->rep || !s->cold ||
-              !s->taken || !s->admit_since)
+              !s->taken || !s->admit_since || !s->admit_allowance)
                  ? -1
                  : 0;
     if (rc == 0 && (cfg->kind == SIM_ORACLE || cfg->warm_start))

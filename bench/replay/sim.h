@@ -12,8 +12,10 @@
  * Requests wait in one queue, the activators', and are admitted to the ready
  * replica with a free slot and the least prompt work pending: in arrival
  * order, except that with late_after_s > 0 a request that has waited longer
- * than that since it could first be sent goes behind the ones that have not
- * (thaw's activator, lateAfterSeconds). TTFT is arrival to the end
+ * than that since it could first be sent goes behind the ones that have not,
+ * and those on time go by when their clock started, for a request held
+ * through a wake its arrival plus the wake's length (thaw's activator,
+ * lateAfterSeconds; activator/holdq.h). TTFT is arrival to the end
  * of the step finishing its prompt. A replica removed while busy drains
  * (GPU still held) before it is gone.
  *
@@ -111,6 +113,8 @@ struct sim_config {
     bool warm_start;             /* start with the oracle's t = 0 replicas ready */
     double late_after_s;         /* > 0: requests waiting longer go behind those on time
                                   * (thaw: 1 s, the example activator config) */
+    bool check_order;            /* check every admission against a scan of the
+                                  * waiting requests (slow; the smoke test) */
     FILE *timeline;              /* NULL, or every 10 s a CSV line of the cluster state */
     FILE *requests_out;          /* NULL, or one CSV line per request (arrival, TTFT, met) */
 };

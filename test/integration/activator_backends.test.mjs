@@ -282,7 +282,7 @@ test('lateAfterSeconds: at the cap, a request that waited too long goes behind a
   }
 });
 
-test('lateAfterSeconds: requests held while the model loads are late from its readiness, not from their arrival', async () => {
+test('lateAfterSeconds: requests held from the start of a wake are late from its readiness, not from their arrival', async () => {
   let healthy = false;
   const be = await gatedBackend({ isHealthy: () => healthy });
   const act = await startActivator({
@@ -304,6 +304,43 @@ test('lateAfterSeconds: requests held while the model loads are late from its re
     for (const r of await Promise.all(rs.splice(0))) assert.equal(r.status, 200, r.body.toString());
     assert.deepEqual(be.order, ['a', 'b', 'c']);
     assert.equal((await act.model('held')).lateReleased, 0);
+    await assertAccounted(act);
+  } finally {
+    be.release();
+    await Promise.allSettled(rs);
+    await act.stop();
+    await be.close();
+  }
+});
+
+test('lateAfterSeconds: a request held at the end of a wake keeps the wake as its allowance, so a newer one does not pass it', async () => {
+  let healthy = false;
+  const be = await gatedBackend({ isHealthy: () => healthy });
+  const act = await startActivator({
+    models: [{ name: 'wake', backend: be.url, maxConcurrencyPerEndpoint: 1, lateAfterSeconds: 2, ...fast }],
+  });
+  const rs = [];
+  try {
+    // a starts a wake of about 3 s; b comes 2.5 s into it.
+    rs.push(complete(act.port, 'wake', { prompt: 'a' }));
+    await waitUntil(async () => (await act.model('wake')).held === 1, 5000, { what: 'a held' });
+    await new Promise((r) => setTimeout(r, 2500));
+    rs.push(complete(act.port, 'wake', { prompt: 'b' }));
+    await waitUntil(async () => (await act.model('wake')).held === 2, 5000, { what: 'a and b held' });
+    await new Promise((r) => setTimeout(r, 500));
+    healthy = true;
+    await waitUntil(() => be.waiting.length === 1, 5000, { what: 'a released to the one slot' });
+    // c comes 3.3 s after the release. b's clock started at its arrival plus
+    // the wake (about 0.5 s before c's), so it is on time (late only 2 s
+    // after that) and goes first. Counted from the readiness it would have
+    // been late 1.3 s before c came, and c would have gone first.
+    await new Promise((r) => setTimeout(r, 3300));
+    rs.push(complete(act.port, 'wake', { prompt: 'c' }));
+    await waitUntil(async () => (await act.model('wake')).held === 2, 5000, { what: 'b and c waiting' });
+    be.release();
+    for (const r of await Promise.all(rs.splice(0))) assert.equal(r.status, 200, r.body.toString());
+    assert.deepEqual(be.order, ['a', 'b', 'c']);
+    assert.equal((await act.model('wake')).lateReleased, 0);
     await assertAccounted(act);
   } finally {
     be.release();

@@ -143,11 +143,17 @@ static void test_fresh_first_ready_since(void **state)
     /* 1.5 s after the release they are late: a newer request goes first. */
     holdq_push(&q, &d, TIER_NORMAL, 1, 61000, 1000000);
     assert_ptr_equal(holdq_pop_fresh_first(&q, 61500, 1000, 60000), &d);
-    /* The model went away and came back at 70000: lateness starts over. */
+    /* The model went away and came back at 70000: lateness starts over, with
+     * the wake's length (70000 - 100, b's wait) as the held ones' allowance:
+     * b's clock starts at 70000, c's at 70100, d's (held since 65000) at
+     * 134900. At 71500 c is late and d, held through most of the wake, is
+     * not. */
     holdq_push(&q, &d, TIER_NORMAL, 1, 65000, 1000000);
     assert_ptr_equal(holdq_pop_fresh_first(&q, 70500, 1000, 70000), &b);
-    assert_ptr_equal(holdq_pop_fresh_first(&q, 71500, 1000, 70000), &c);
+    assert_true(holdq_is_late(&q, &c, 71500));
+    assert_false(holdq_is_late(&q, &d, 71500));
     assert_ptr_equal(holdq_pop_fresh_first(&q, 71500, 1000, 70000), &d);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 71500, 1000, 70000), &c);
 
     /* A reload that lengthens late_after: what was late is on time again. */
     holdq_push(&q, &a, TIER_NORMAL, 1, 80000, 1000000);
@@ -155,6 +161,40 @@ static void test_fresh_first_ready_since(void **state)
     holdq_push(&q, &c, TIER_NORMAL, 1, 81600, 1000000);
     assert_ptr_equal(holdq_pop_fresh_first(&q, 82000, 1000, 70000), &b); /* a is late */
     assert_ptr_equal(holdq_pop_fresh_first(&q, 82000, 5000, 70000), &a);
+}
+
+/* A wake of 60 s: requests held through it keep the wake as an allowance, so
+ * one held at its end is not passed by newer ones while it can still make a
+ * deadline of a cold start; one held from its start can't, and is. */
+static void test_fresh_first_wake_allowance(void **state)
+{
+    (void)state;
+    struct holdq q;
+    holdq_init(&q, 10, 1000);
+    struct holdq_node first = {0}, mid = {0}, last = {0}, newer = {0}, newest = {0};
+    holdq_push(&q, &first, TIER_NORMAL, 1, 0, 1000000);
+    holdq_push(&q, &mid, TIER_NORMAL, 1, 30000, 1000000);
+    holdq_push(&q, &last, TIER_NORMAL, 1, 59000, 1000000);
+    /* Ready at 60000: allowance 60000; clocks start at 60000, 90000, 119000. */
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 60000, 1000, 60000), &first);
+    assert_int_equal(q.held_allowance_ms, 60000);
+    /* At 62000 none of the held ones left is late: a newer request (clock
+     * 61500) goes before mid (90000), which goes before last. */
+    holdq_push(&q, &newer, TIER_NORMAL, 1, 61500, 1000000);
+    assert_false(holdq_is_late(&q, &mid, 62000));
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 62000, 1000, 60000), &newer);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 62000, 1000, 60000), &mid);
+    /* At 121000 last is late (clock 119000): a newer request goes first, the
+     * late one only when nothing is on time. */
+    holdq_push(&q, &newest, TIER_NORMAL, 1, 120500, 1000000);
+    assert_true(holdq_is_late(&q, &last, 121000));
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 121000, 1000, 60000), &newest);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 121000, 1000, 60000), &last);
+    assert_null(holdq_pop_fresh_first(&q, 121000, 1000, 60000));
+    /* A reload (new late_after) keeps the wake's length. */
+    holdq_push(&q, &first, TIER_NORMAL, 1, 50000, 1000000);
+    assert_ptr_equal(holdq_pop_fresh_first(&q, 121000, 2000, 60000), &first);
+    assert_int_equal(q.held_allowance_ms, 60000);
 }
 
 static void test_fresh_first_tiers(void **state)
@@ -177,16 +217,25 @@ static void test_fresh_first_tiers(void **state)
     assert_null(holdq_pop_fresh_first(&q, 5000, 1000, 0));
 }
 
-/* The reference: scan each tier in list order for the first entry that is
- * not late, else take the tier's head. */
-static struct holdq_node *ref_pick(struct holdq *q, int64_t now, int64_t late, int64_t since)
+/* The reference: in each tier, the entry on time whose clock started first
+ * (the earliest in the list on a tie), else the tier's head. A clock starts
+ * at max(enqueued, since), or enqueued + allowance for one enqueued before
+ * since. */
+static struct holdq_node *ref_pick(struct holdq *q, int64_t now, int64_t late, int64_t since,
+                                   int64_t allowance)
 {
     for (int t = 0; t < TIER_COUNT; t++) {
+        struct holdq_node *best = NULL;
+        int64_t best_from = 0;
         for (struct holdq_node *n = q->head[t]; n; n = n->next) {
-            int64_t from = n->enqueued_ms > since ? n->enqueued_ms : since;
-            if (!(from < now - late))
-                return n;
+            int64_t from = n->enqueued_ms < since ? n->enqueued_ms + allowance : n->enqueued_ms;
+            if (!(from < now - late) && (!best || from < best_from)) {
+                best = n;
+                best_from = from;
+            }
         }
+        if (best)
+            return best;
         if (q->head[t])
             return q->head[t];
     }
@@ -222,14 +271,14 @@ static void test_enqueued_by(void **state)
 static void test_fresh_first_random(void **state)
 {
     (void)state;
-    enum { N = 64, STEPS = 20000 };
+    enum { N = 64, STEPS = 50000 };
     struct holdq q;
     holdq_init(&q, N, 1u << 20);
     struct holdq_node nodes[N];
     memset(nodes, 0, sizeof(nodes));
     struct holdq_node *popped[N];
     size_t npopped = 0;
-    int64_t now = 1000, since = 0, late = 1000;
+    int64_t now = 1000, since = 0, late = 1000, ref_since = 0, allowance = 0;
     srand(7);
     for (int step = 0; step < STEPS; step++) {
         int op = rand() % 10;
@@ -243,7 +292,13 @@ static void test_fresh_first_random(void **state)
                 }
             }
         } else if (op < 7) {
-            struct holdq_node *want = ref_pick(&q, now, late, since);
+            if (since != ref_since) {
+                /* The wake's length: the oldest entry's wait when it ended. */
+                int64_t oldest = holdq_oldest_enqueued(&q);
+                allowance = oldest < since ? since - oldest : 0;
+                ref_since = since;
+            }
+            struct holdq_node *want = ref_pick(&q, now, late, since, allowance);
             struct holdq_node *got = holdq_pop_fresh_first(&q, now, late, since);
             assert_ptr_equal(got, want);
             if (got && npopped < N)
@@ -255,9 +310,9 @@ static void test_fresh_first_random(void **state)
                 holdq_push_front(&q, n);
         } else if (op == 8) {
             holdq_remove(&q, &nodes[rand() % N]);
-        } else if (rand() % 20 == 0) {
+        } else if (rand() % 4 == 0) {
             since = now; /* the model became ready again */
-        } else if (rand() % 20 == 0) {
+        } else if (rand() % 10 == 0) {
             late = 500 + rand() % 1500; /* a reload */
         }
         if (npopped == N)
@@ -277,6 +332,7 @@ int main(void)
         cmocka_unit_test(test_deadlines),
         cmocka_unit_test(test_fresh_first),
         cmocka_unit_test(test_fresh_first_ready_since),
+        cmocka_unit_test(test_fresh_first_wake_allowance),
         cmocka_unit_test(test_fresh_first_tiers),
         cmocka_unit_test(test_fresh_first_random),
         cmocka_unit_test(test_enqueued_by),
