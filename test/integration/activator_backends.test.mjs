@@ -282,72 +282,58 @@ test('lateAfterSeconds: at the cap, a request that waited too long goes behind a
   }
 });
 
-test('lateAfterSeconds: requests held from the start of a wake are late from its readiness, not from their arrival', async () => {
+// A wake with a one-slot model: a is held, b comes bAfterMs later, the model
+// turns ready readyAfterMs after that (a goes to the slot), and c comes
+// cAfterMs after a reached the backend. Returns the order the backend saw and
+// the activator's count of requests sent late.
+async function wakeThenNewer({ lateAfterSeconds, bAfterMs, readyAfterMs, cAfterMs }) {
   let healthy = false;
   const be = await gatedBackend({ isHealthy: () => healthy });
   const act = await startActivator({
-    models: [{ name: 'held', backend: be.url, maxConcurrencyPerEndpoint: 1, lateAfterSeconds: 1, ...fast }],
+    models: [{ name: 'wake', backend: be.url, maxConcurrencyPerEndpoint: 1, lateAfterSeconds, ...fast }],
   });
   const rs = [];
+  const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
   try {
-    // a and b are held 2 s, longer than lateAfterSeconds, while "weights load".
-    rs.push(complete(act.port, 'held', { prompt: 'a' }));
-    rs.push(complete(act.port, 'held', { prompt: 'b' }));
-    await waitUntil(async () => (await act.model('held')).held === 2, 5000, { what: 'a and b held' });
-    await new Promise((r) => setTimeout(r, 2000));
-    healthy = true;
-    await waitUntil(() => be.waiting.length === 1, 5000, { what: 'a released to the one slot' });
-    // c comes within a second of the release: b is not late yet, so it keeps its turn.
-    rs.push(complete(act.port, 'held', { prompt: 'c' }));
-    await waitUntil(async () => (await act.model('held')).held === 2, 5000, { what: 'b and c waiting' });
-    be.release();
-    for (const r of await Promise.all(rs.splice(0))) assert.equal(r.status, 200, r.body.toString());
-    assert.deepEqual(be.order, ['a', 'b', 'c']);
-    assert.equal((await act.model('held')).lateReleased, 0);
-    await assertAccounted(act);
-  } finally {
-    be.release();
-    await Promise.allSettled(rs);
-    await act.stop();
-    await be.close();
-  }
-});
-
-test('lateAfterSeconds: a request held at the end of a wake keeps the wake as its allowance, so a newer one does not pass it', async () => {
-  let healthy = false;
-  const be = await gatedBackend({ isHealthy: () => healthy });
-  const act = await startActivator({
-    models: [{ name: 'wake', backend: be.url, maxConcurrencyPerEndpoint: 1, lateAfterSeconds: 2, ...fast }],
-  });
-  const rs = [];
-  try {
-    // a starts a wake of about 3 s; b comes 2.5 s into it.
     rs.push(complete(act.port, 'wake', { prompt: 'a' }));
     await waitUntil(async () => (await act.model('wake')).held === 1, 5000, { what: 'a held' });
-    await new Promise((r) => setTimeout(r, 2500));
+    await sleep(bAfterMs);
     rs.push(complete(act.port, 'wake', { prompt: 'b' }));
     await waitUntil(async () => (await act.model('wake')).held === 2, 5000, { what: 'a and b held' });
-    await new Promise((r) => setTimeout(r, 500));
+    await sleep(readyAfterMs);
     healthy = true;
     await waitUntil(() => be.waiting.length === 1, 5000, { what: 'a released to the one slot' });
-    // c comes 3.3 s after the release. b's clock started at its arrival plus
-    // the wake (about 0.5 s before c's), so it is on time (late only 2 s
-    // after that) and goes first. Counted from the readiness it would have
-    // been late 1.3 s before c came, and c would have gone first.
-    await new Promise((r) => setTimeout(r, 3300));
+    await sleep(cAfterMs);
     rs.push(complete(act.port, 'wake', { prompt: 'c' }));
     await waitUntil(async () => (await act.model('wake')).held === 2, 5000, { what: 'b and c waiting' });
     be.release();
     for (const r of await Promise.all(rs.splice(0))) assert.equal(r.status, 200, r.body.toString());
-    assert.deepEqual(be.order, ['a', 'b', 'c']);
-    assert.equal((await act.model('wake')).lateReleased, 0);
+    const lateReleased = (await act.model('wake')).lateReleased;
     await assertAccounted(act);
+    return { order: [...be.order], lateReleased };
   } finally {
     be.release();
     await Promise.allSettled(rs);
     await act.stop();
     await be.close();
   }
+}
+
+test('lateAfterSeconds: requests held from the start of a wake are late from its readiness, not from their arrival', async () => {
+  // a and b are held 2 s, longer than lateAfterSeconds, while "weights load";
+  // c comes within a second of the release: b is not late yet, so it keeps its turn.
+  const got = await wakeThenNewer({ lateAfterSeconds: 1, bAfterMs: 0, readyAfterMs: 2000, cAfterMs: 0 });
+  assert.deepEqual(got, { order: ['a', 'b', 'c'], lateReleased: 0 });
+});
+
+test('lateAfterSeconds: a request held at the end of a wake keeps the wake as its allowance, so a newer one does not pass it', async () => {
+  // a starts a wake of about 3 s; b comes 2.5 s into it; c comes 3.3 s after
+  // the release. b's clock started at its arrival plus the wake (about 0.5 s
+  // before c's), so it is on time (late only 2 s after that) and goes first.
+  // Counted from the readiness it would have been late 1.3 s before c came,
+  // and c would have gone first.
+  const got = await wakeThenNewer({ lateAfterSeconds: 2, bAfterMs: 2500, readyAfterMs: 500, cAfterMs: 3300 });
+  assert.deepEqual(got, { order: ['a', 'b', 'c'], lateReleased: 0 });
 });
 
 test('DNS backend: a host name resolved by the activator (localhost via /etc/hosts)', async () => {
