@@ -69,7 +69,8 @@ void holdq_push_front(struct holdq *q, struct holdq_node *n)
      * late requests last, from behind late ones, which it must not pass
      * again (and each tier stays in deadline order). Rare, so a scan. The
      * cursors stay valid: clocks grow with arrival within each part, so
-     * landing before a late entry of its part means it is late too. */
+     * landing before a late entry of its part means it is late too (and
+     * pop does not use the newer part's cursor when it is on a held one). */
     struct holdq_node *after = NULL, *before = q->head[t];
     while (before && before->enqueued_ms < n->enqueued_ms) {
         after = before;
@@ -161,15 +162,19 @@ static struct holdq_node *first_on_time(const struct holdq *q, struct holdq_node
 }
 
 struct holdq_node *holdq_pop_fresh_first(struct holdq *q, int64_t now_ms, int64_t late_after_ms,
-                                         int64_t ready_since_ms)
+                                         int64_t ready_since_ms, int64_t wake_start_ms)
 {
     if (late_after_ms <= 0)
         return holdq_pop(q);
     if (ready_since_ms != q->ready_since_ms) {
         /* The wake just ended: its length is the wait of the oldest entry
-         * held through it. */
-        int64_t oldest = holdq_oldest_enqueued(q);
-        q->held_allowance_ms = oldest < ready_since_ms ? ready_since_ms - oldest : 0;
+         * held through it, counted from the wake's start at most (an entry
+         * that waited for a slot before, or was put back from an earlier
+         * wake, did not wait for this one that long). */
+        int64_t from = holdq_oldest_enqueued(q);
+        if (from < wake_start_ms)
+            from = wake_start_ms;
+        q->held_allowance_ms = from < ready_since_ms ? ready_since_ms - from : 0;
     }
     if (ready_since_ms != q->ready_since_ms || late_after_ms != q->late_after_ms) {
         /* Held requests' clocks start again, and a reload may lengthen
@@ -193,10 +198,12 @@ struct holdq_node *holdq_pop_fresh_first(struct holdq *q, int64_t now_ms, int64_
             first_on_time(q, &q->last_late_held[t],
                           q->last_late_held[t] ? q->last_late_held[t]->next : q->head[t], rest,
                           now_ms);
-        /* A removal can leave this cursor on the last held entry, whose next
-         * is rest. */
-        struct holdq_node *newer = first_on_time(
-            q, &q->last_late[t], q->last_late[t] ? q->last_late[t]->next : rest, NULL, now_ms);
+        /* A removal can leave this cursor on a held entry, and a held entry
+         * put back can land after it: the newer part then starts over. */
+        struct holdq_node *from = q->last_late[t] && !held_through_wake(q, q->last_late[t])
+                                      ? q->last_late[t]->next
+                                      : rest;
+        struct holdq_node *newer = first_on_time(q, &q->last_late[t], from, NULL, now_ms);
         struct holdq_node *n = held;
         if (!n || (newer && clock_start(q, newer) < clock_start(q, held)))
             n = newer;

@@ -7,8 +7,8 @@
  * caller embeds a struct holdq_node in its request and owns its memory.
  *
  * Late requests last (holdq_pop_fresh_first): a request that has waited longer
- * than late_after since it could first be sent (its arrival, or the moment the
- * model last became able to take requests, if that is later) is likely to miss
+ * than late_after since it could first be sent (its arrival; for one held
+ * through a wake, see below) is likely to miss
  * a time-to-first-token objective of that order anyway; sending it before a
  * newer one makes that one late as well. So within a tier the request on time
  * whose clock started first goes first, and late ones, oldest first, only when
@@ -19,15 +19,18 @@
  * promised a cold start, not a warm answer: the one that waited longest has
  * used its allowance up, one that came in at the end of the wake has not. So
  * each keeps the wake as an allowance: its clock starts at its enqueue time
- * plus the wake's length (ready_since minus the oldest enqueue time then
- * held), not all at once at ready_since. Without it, every held request
+ * plus the wake's length (from when the model stopped taking requests, or the
+ * oldest enqueue time then held if later, to ready_since), not all at once at
+ * ready_since. Without it, every held request
  * turned late together late_after after the release and newer requests
  * passed the whole backlog, so the ones held at the end of a wake missed a
  * deadline they could have met (earliest deadline first among those on time).
  *
  * Lateness only grows with time and both parts of a tier (held through the
  * wake, then the rest) are in clock order, so each part keeps a cursor to its
- * last known late entry and a pop costs O(1) amortized.
+ * last known late entry and a pop costs O(1) amortized. A removal moves a
+ * cursor back one entry, which can leave the second part's cursor on the
+ * first part; it is then not used (the second part starts over).
  *
  * Deadlines: pop_expired looks at the head of each tier. Entries of one model
  * share a hold timeout, so each FIFO is in deadline order; after a reload
@@ -96,13 +99,15 @@ struct holdq_node *holdq_pop(struct holdq *q);
 /* Like holdq_pop, but within a tier entries that have waited more than
  * late_after_ms since they could first be sent go after those that have not,
  * and those on time go by that time (earliest deadline first). An entry's
- * clock starts at max(enqueued, ready_since_ms), or, for an entry enqueued
- * before ready_since_ms, at enqueued plus the wake's length (see above;
- * measured at the first call with a new ready_since_ms). late_after_ms <= 0:
- * holdq_pop. ready_since_ms: when the model last became ready (held requests
- * could not be sent before). */
+ * clock starts at enqueued, or, for an entry enqueued before ready_since_ms,
+ * at enqueued plus the wake's length: ready_since_ms less the later of
+ * wake_start_ms and the oldest entry's enqueue time, measured at the first
+ * call with a new ready_since_ms. late_after_ms <= 0: holdq_pop.
+ * ready_since_ms: when the model last became ready (held requests could not
+ * be sent before); wake_start_ms: when it last stopped taking requests (time
+ * spent waiting for a slot before that is not part of the wake). */
 struct holdq_node *holdq_pop_fresh_first(struct holdq *q, int64_t now_ms, int64_t late_after_ms,
-                                         int64_t ready_since_ms);
+                                         int64_t ready_since_ms, int64_t wake_start_ms);
 /* Whether n was late when holdq_pop_fresh_first last ran (with late_after_ms
  * > 0) at now_ms: what it sends last. */
 bool holdq_is_late(const struct holdq *q, const struct holdq_node *n, int64_t now_ms);

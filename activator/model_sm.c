@@ -49,6 +49,7 @@ void model_sm_init(struct model_sm *sm, const char *name, int64_t wake_timeout_m
     sm->state = MODEL_COLD;
     sm->since_ms = now_ms;
     sm->forwardable_since_ms = now_ms;
+    sm->unforwardable_since_ms = now_ms;
     sm->wake_timeout_ms = wake_timeout_ms;
 }
 
@@ -183,17 +184,30 @@ static unsigned on_draining(struct model_sm *sm, enum model_event ev, int64_t no
     return 0;
 }
 
+bool model_sm_forwardable(const struct model_sm *sm)
+{
+    return sm->state == MODEL_READY || (sm->state == MODEL_DRAINING && sm->backend_up);
+}
+
 unsigned model_sm_handle(struct model_sm *sm, enum model_event ev, int64_t now_ms, size_t held)
 {
+    bool was = model_sm_forwardable(sm);
+    unsigned act = 0;
     switch (sm->state) {
     case MODEL_COLD:
-        return on_cold(sm, ev, now_ms, held);
+        act = on_cold(sm, ev, now_ms, held);
+        break;
     case MODEL_WAKING:
-        return on_waking(sm, ev, now_ms, held);
+        act = on_waking(sm, ev, now_ms, held);
+        break;
     case MODEL_READY:
-        return on_ready(sm, ev, now_ms, held);
+        act = on_ready(sm, ev, now_ms, held);
+        break;
     case MODEL_DRAINING:
-        return on_draining(sm, ev, now_ms, held);
+        act = on_draining(sm, ev, now_ms, held);
+        break;
     }
-    return 0;
+    if (was && !model_sm_forwardable(sm))
+        sm->unforwardable_since_ms = now_ms;
+    return act;
 }

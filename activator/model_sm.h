@@ -57,6 +57,9 @@ struct model_sm {
                                    * ready, or a backend coming up while draining
                                    * (kept from ready into draining); the hold
                                    * queue's lateness clock for held requests */
+    int64_t unforwardable_since_ms; /* when requests last stopped being forwardable
+                                     * (model_sm_forwardable turned false; init:
+                                     * cold): the start of the last wake or outage */
     int64_t wake_timeout_ms;
     bool backend_up;        /* draining: whether requests can be forwarded */
     uint64_t transitions[MODEL_STATE_COUNT][MODEL_STATE_COUNT];
@@ -64,6 +67,9 @@ struct model_sm {
 };
 
 void model_sm_init(struct model_sm *sm, const char *name, int64_t wake_timeout_ms, int64_t now_ms);
+
+/* Whether requests can be forwarded now: ready, or draining with a backend up. */
+bool model_sm_forwardable(const struct model_sm *sm);
 
 /* Applies ev at now_ms; held is the number of requests currently held.
  * Returns a set of enum model_action bits. */

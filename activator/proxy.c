@@ -1340,7 +1340,7 @@ static void arm_hold_timer(struct model_rt *m)
 
 static bool can_forward(const struct model_rt *m)
 {
-    return m->sm.state == MODEL_READY || (m->sm.state == MODEL_DRAINING && m->sm.backend_up);
+    return model_sm_forwardable(&m->sm);
 }
 
 /* Sends a request just taken from the hold queue on its way. */
@@ -1482,8 +1482,9 @@ static void release_held(struct model_rt *m)
         /* Held requests could not be sent before the model was ready:
          * their lateness counts from then, each with the wake's length
          * as its allowance (holdq.h). */
-        int64_t since = m->sm.forwardable_since_ms;
-        struct holdq_node *n = holdq_pop_fresh_first(&m->hq, now, m->mc->late_after_ms, since);
+        struct holdq_node *n =
+            holdq_pop_fresh_first(&m->hq, now, m->mc->late_after_ms, m->sm.forwardable_since_ms,
+                                  m->sm.unforwardable_since_ms);
         struct req *r = req_of_node(n);
         if (m->mc->late_after_ms > 0 && !r->released_late && holdq_is_late(&m->hq, n, now)) {
             r->released_late = true;

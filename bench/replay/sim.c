@@ -165,6 +165,7 @@ struct sim {
     unsigned char *taken;
     double ready_since;  /* when the first of the ready replicas became ready */
     double allowance;    /* the wake's length, added to held requests' clocks */
+    double unready_since; /* when the last ready replica went (0: from the start) */
     double *admit_since; /* ready_since when each request was admitted (checks) */
     double *admit_allowance; /* allowance then (checks) */
     double *start, *first, *fin;
@@ -533,8 +534,8 @@ static int scale_to(struct sim *s, long n)
         if (victim == SIZE_MAX)
             break;
         struct replica *rp = &s->reps[victim];
-        if (rp->state == R_READY)
-            s->ready--;
+        if (rp->state == R_READY && --s->ready == 0)
+            s->unready_since = s->now;
         if (rp->state == R_STARTING || rp->nseq == 0)
             replica_gone(s, rp);
         else
@@ -1052,12 +1053,14 @@ static int on_ready(struct sim *s, int r)
     rp->state = R_READY;
     if (s->ready++ == 0) {
         /* Requests held meanwhile could not be sent before: their clocks
-         * start over, with the wake's length (the oldest one's wait) as the
-         * allowance of those held through it. */
+         * start over, with the wake's length (the oldest one's wait, from
+         * the wake's start at most) as the allowance of those held through
+         * it. */
         s->ready_since = s->now;
         while (s->qhead < s->next_arr && s->taken[s->qhead])
             s->qhead++;
-        s->allowance = s->qhead < s->next_arr ? s->now - s->tr->reqs[s->qhead].t : 0;
+        double from = s->qhead < s->next_arr ? s->tr->reqs[s->qhead].t : s->now;
+        s->allowance = s->now - fmax(from, s->unready_since);
         s->held_end = s->next_arr;
         while (s->held_end > s->qhead && s->tr->reqs[s->held_end - 1].t >= s->now)
             s->held_end--;

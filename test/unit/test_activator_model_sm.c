@@ -177,6 +177,34 @@ static void test_draining(void **state)
     assert_int_equal(model_sm_handle(&sm, MEV_REQUEST, 2, 0), MACT_REJECT);
 }
 
+/* When requests last stopped being forwardable: the start of the wake or
+ * outage the hold queue measures a held request's allowance from. */
+static void test_unforwardable_since(void **state)
+{
+    (void)state;
+    struct model_sm sm;
+    model_sm_init(&sm, "m", 1000, 7);
+    assert_false(model_sm_forwardable(&sm));
+    assert_int_equal(sm.unforwardable_since_ms, 7); /* cold from the start */
+    model_sm_handle(&sm, MEV_REQUEST, 10, 0);        /* cold -> waking: still down */
+    assert_int_equal(sm.unforwardable_since_ms, 7);
+    model_sm_handle(&sm, MEV_PROBE_OK, 20, 1);       /* ready */
+    assert_true(model_sm_forwardable(&sm));
+    assert_int_equal(sm.unforwardable_since_ms, 7);
+    model_sm_handle(&sm, MEV_BACKEND_DOWN, 30, 0);   /* scaled down under us */
+    assert_false(model_sm_forwardable(&sm));
+    assert_int_equal(sm.unforwardable_since_ms, 30);
+    model_sm_handle(&sm, MEV_PROBE_OK, 40, 1);
+    model_sm_handle(&sm, MEV_DRAIN, 50, 0);          /* draining, backend still up */
+    assert_true(model_sm_forwardable(&sm));
+    assert_int_equal(sm.unforwardable_since_ms, 30);
+    model_sm_handle(&sm, MEV_BACKEND_DOWN, 60, 1);   /* draining, backend gone */
+    assert_false(model_sm_forwardable(&sm));
+    assert_int_equal(sm.unforwardable_since_ms, 60);
+    model_sm_handle(&sm, MEV_BACKEND_DOWN, 70, 1);   /* still down: unchanged */
+    assert_int_equal(sm.unforwardable_since_ms, 60);
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -196,6 +224,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_wake_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_endpoints_gone, setup, teardown),
         cmocka_unit_test_setup_teardown(test_draining, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_unforwardable_since, setup, teardown),
         cmocka_unit_test_setup_teardown(test_names, setup, teardown),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
