@@ -323,7 +323,13 @@ static void test_enqueued_by(void **state)
     assert_int_equal(q.count, 0);
 }
 
-static void random_run(unsigned seed, int used, int steps)
+/* One random run against ref_pick: pushes, pops, put-backs of any released
+ * entry, removals, expiries, fallbacks (pop_enqueued_by), readiness changes
+ * with outages of up to 3 s, and reloads (late_after, sometimes 0: FIFO).
+ * used: entries in play (few make the cursors' corner cases likely), dt: the
+ * largest step of the clock, tiers: how many tiers pushes use, ready_rarity:
+ * 1 in this many chances to become ready again is taken. */
+static void random_run(unsigned seed, int used, int steps, int dt, int tiers, int ready_rarity)
 {
     enum { N = 64 };
     struct holdq q;
@@ -335,29 +341,40 @@ static void random_run(unsigned seed, int used, int steps)
     int64_t now = 1000, since = 0, late = 1000, ref_since = 0, allowance = 0, wake_start = 0;
     srand(seed);
     for (int step = 0; step < steps; step++) {
-        int op = rand() % 10;
-        now += rand() % 300;
+        int op = rand() % 12;
+        now += rand() % dt;
         if (op < 4) {
             for (int i = 0; i < used; i++) {
                 if (!nodes[i].queued) {
-                    holdq_push(&q, &nodes[i], (enum tier)(rand() % TIER_COUNT), 1, now,
+                    holdq_push(&q, &nodes[i], (enum tier)(rand() % tiers), 1, now,
                                now + 100000);
                     break;
                 }
             }
         } else if (op < 7) {
-            if (since != ref_since) {
-                /* The wake's length: the oldest entry's wait when it ended,
-                 * from the wake's start at most. */
-                int64_t from = holdq_oldest_enqueued(&q);
-                if (from < wake_start)
-                    from = wake_start;
-                allowance = from < since ? since - from : 0;
-                ref_since = since;
+            struct holdq_node *want = NULL;
+            if (late <= 0) {
+                for (int t = 0; t < TIER_COUNT && !want; t++)
+                    want = q.head[t];
+            } else {
+                if (since != ref_since) {
+                    /* The wake's length: the oldest entry's wait when it
+                     * ended, from the wake's start at most. */
+                    int64_t from = holdq_oldest_enqueued(&q);
+                    if (from < wake_start)
+                        from = wake_start;
+                    allowance = from < since ? since - from : 0;
+                    ref_since = since;
+                }
+                want = ref_pick(&q, now, late, since, allowance);
             }
-            struct holdq_node *want = ref_pick(&q, now, late, since, allowance);
             struct holdq_node *got = holdq_pop_fresh_first(&q, now, late, since, wake_start);
             assert_ptr_equal(got, want);
+            if (got && late > 0) {
+                int64_t from = got->enqueued_ms < since ? got->enqueued_ms + allowance
+                                                        : got->enqueued_ms;
+                assert_int_equal(holdq_is_late(&q, got, now), from < now - late);
+            }
             if (got && npopped < N)
                 popped[npopped++] = got;
         } else if (op == 7 && npopped > 0) {
@@ -370,14 +387,24 @@ static void random_run(unsigned seed, int used, int steps)
                 holdq_push_front(&q, n);
         } else if (op == 8) {
             holdq_remove(&q, &nodes[rand() % used]);
-        } else if (rand() % 4 == 0) {
-            /* An outage that began up to 3 s ago ended: ready again. */
-            wake_start = now - rand() % 3000;
-            if (wake_start < since)
-                wake_start = since;
-            since = now;
+        } else if (op == 9) {
+            /* A hold timeout, or a request gone to the fallback. */
+            struct holdq_node *n = rand() % 2
+                                       ? holdq_pop_expired(&q, now - 100000 + rand() % 50000)
+                                       : holdq_pop_enqueued_by(&q, now - rand() % 5000);
+            if (n && npopped < N)
+                popped[npopped++] = n;
+        } else if (op == 10) {
+            /* An outage that began up to 3 s ago ended: ready again (rare
+             * ones let the cursors run long between resets). */
+            if (rand() % ready_rarity == 0) {
+                wake_start = now - rand() % 3000;
+                if (wake_start < since)
+                    wake_start = since;
+                since = now;
+            }
         } else if (rand() % 10 == 0) {
-            late = 500 + rand() % 1500; /* a reload */
+            late = rand() % 8 == 0 ? 0 : 200 + rand() % 3000; /* a reload */
         }
         if (npopped == N)
             npopped = 0;
@@ -391,12 +418,11 @@ static void random_run(unsigned seed, int used, int steps)
 static void test_fresh_first_random(void **state)
 {
     (void)state;
-    /* Many short runs over few to many entries: the cursors' corner cases
-     * (a removed cursor entry, a put-back entry landing next to one) need
-     * small queues to come up. */
-    enum { SEEDS = 60, STEPS = 4000 };
+    static const int dts[] = {30, 100, 300, 1000};
+    enum { SEEDS = 200, STEPS = 4000 };
     for (unsigned seed = 1; seed <= SEEDS; seed++)
-        random_run(seed, 2 + (int)(seed % 31), STEPS);
+        random_run(seed, 2 + (int)(seed % 31), STEPS, dts[seed % 4], 1 + (int)(seed % TIER_COUNT),
+                   1 + (int)(seed % 9));
 }
 
 int main(void)
