@@ -8,8 +8,8 @@
  *
  * Late requests last (holdq_pop_fresh_first): a request that has waited longer
  * than late_after since it could first be sent (its arrival; for one held
- * through a wake, see below) is likely to miss
- * a time-to-first-token objective of that order anyway; sending it before a
+ * through a wake, see below) is likely to miss a time-to-first-token
+ * objective of that order anyway; sending it before a
  * newer one makes that one late as well. So within a tier the request on time
  * whose clock started first goes first, and late ones, oldest first, only when
  * no request of the tier is on time. A late request is not dropped: it waits
@@ -21,10 +21,10 @@
  * each keeps the wake as an allowance: its clock starts at its enqueue time
  * plus the wake's length (from when the model stopped taking requests, or the
  * oldest enqueue time then held if later, to ready_since), not all at once at
- * ready_since. Without it, every held request
- * turned late together late_after after the release and newer requests
- * passed the whole backlog, so the ones held at the end of a wake missed a
- * deadline they could have met (earliest deadline first among those on time).
+ * ready_since. Without it, every held request turned late together late_after
+ * after the release and newer requests passed the whole backlog, so the ones
+ * held at the end of a wake missed a deadline they could have met (earliest
+ * deadline first among those on time).
  *
  * Lateness only grows with time and both parts of a tier (held through the
  * wake, then the rest) are in clock order, so each part keeps a cursor to its

@@ -364,8 +364,8 @@ static int pending_prefill(const struct sim *s, const struct replica *rp)
 }
 
 /* When request i's lateness clock started, ready since rs with allowance a:
- * its arrival, or rs if nothing was ready then, plus the wake's length for a
- * request held through the wake (the activator's holdq.h). */
+ * its arrival, plus the wake's length a if it arrived before rs (held through
+ * the wake; the activator's holdq.h). */
 static double clock_start(const struct sim *s, size_t i, double rs, double a)
 {
     double t = s->tr->reqs[i].t;
@@ -380,10 +380,16 @@ static double clock_start(const struct sim *s, size_t i, double rs, double a)
  * holdq_pop_fresh_first, without tiers. Clocks grow with arrival among the
  * held requests and among the rest, so a cursor per part finds its first
  * request on time. */
-static size_t next_waiting(struct sim *s)
+/* Moves qhead past admitted requests to the oldest one still waiting. */
+static void skip_taken(struct sim *s)
 {
     while (s->qhead < s->next_arr && s->taken[s->qhead])
         s->qhead++;
+}
+
+static size_t next_waiting(struct sim *s)
+{
+    skip_taken(s);
     if (s->qhead >= s->next_arr)
         return SIZE_MAX;
     double late = s->cfg->late_after_s;
@@ -436,9 +442,11 @@ static int dispatch(struct sim *s)
 {
     for (;;) {
         size_t i = next_waiting(s);
-        if (s->cfg->check_order && i != next_waiting_by_scan(s))
-            violation(s, "request %zu picked at %.3f, not %zu", i, s->now,
-                      next_waiting_by_scan(s));
+        if (s->cfg->check_order) {
+            size_t want = next_waiting_by_scan(s);
+            if (i != want)
+                violation(s, "request %zu picked at %.3f, not %zu", i, s->now, want);
+        }
         if (i == SIZE_MAX)
             break;
         size_t best = SIZE_MAX;
@@ -1057,8 +1065,7 @@ static int on_ready(struct sim *s, int r)
          * the wake's start at most) as the allowance of those held through
          * it. */
         s->ready_since = s->now;
-        while (s->qhead < s->next_arr && s->taken[s->qhead])
-            s->qhead++;
+        skip_taken(s);
         double from = s->qhead < s->next_arr ? s->tr->reqs[s->qhead].t : s->now;
         s->allowance = s->now - fmax(from, s->unready_since);
         s->held_end = s->next_arr;
