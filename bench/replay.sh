@@ -44,9 +44,9 @@ run() {
     echo
     run --thaw late_after_s=0 --policies thaw
     echo
-    echo "## Policy alone: KEDA's and Knative's requests wait in activators that send late requests last too (lateAfterSeconds 1.4 for every autoscaler)"
+    echo "## Policy alone: KEDA's and Knative's requests wait in activators that send late requests last too (lateAfterSeconds 1.5 for every autoscaler)"
     echo
-    run --baselines-late-after 1.4 --policies thaw,keda-hpa,knative-kpa
+    run --baselines-late-after 1.5 --policies thaw,keda-hpa,knative-kpa
     echo
     echo "## Sensitivity: replicaConcurrency not set (the level plans for targetUtilisation 0.88 of capacity)"
     echo

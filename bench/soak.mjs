@@ -231,10 +231,10 @@ async function main() {
       dir: work, redisUrl: redis.url, scalerWakeUrl: scaler.httpBase,
       models: models.map((name) => ({ name, endpointsFile: path.join(endpointsDir, `${name}.endpoints`) })),
       // maxConcurrencyPerEndpoint = the fake replicas' --max-batch, and late
-      // requests last after 1.4 s, as recommended.
+      // requests last after 1.5 s, as recommended.
       modelDefaults: {
         holdTimeoutSeconds: 120, maxHeldRequests: 100000, probeInitialMs: 20, probeMaxMs: 200,
-        maxConcurrencyPerEndpoint: 16, lateAfterSeconds: 1.4,
+        maxConcurrencyPerEndpoint: 16, lateAfterSeconds: 1.5,
       },
     });
     procs.activator = activator.proc;

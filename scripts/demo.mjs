@@ -296,10 +296,10 @@ async function main() {
         models: models.map((name) => ({ name, endpointsFile: path.join(endpointsDir, `${name}.endpoints`) })),
         // The cap is the replicas' batch, as docs/activator.md recommends: requests over it
         // wait in the activator, where thaw-scaler sees them as queued; those waiting
-        // over 1.4 s go behind newer ones (lateAfterSeconds, as the example config).
+        // over 1.5 s go behind newer ones (lateAfterSeconds, as the example config).
         modelDefaults: {
           holdTimeoutSeconds: Math.max(60, opt.duration), maxHeldRequests: 100000,
-          maxConcurrencyPerEndpoint: opt.maxBatch, lateAfterSeconds: 1.4,
+          maxConcurrencyPerEndpoint: opt.maxBatch, lateAfterSeconds: 1.5,
         },
       });
       handles.activator = activator;
