@@ -218,7 +218,6 @@ static const struct run *find(const struct run *runs, size_t n, const char *trac
     return NULL;
 }
 
-/* Thaw dominates a baseline: at least its SLO attainment with fewer GPU-s. */
 /* Whether thaw's run t dominates baseline b (at least its SLO attainment with
  * fewer GPU-seconds), and by how much: the difference in requests served
  * within their objective and in GPU-seconds, so that a cell decided by one
