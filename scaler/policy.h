@@ -33,8 +33,9 @@
  *              requests held plus those arriving at lambda until then): their
  *              totals, leaving out episodes more than 3x off the
  *              request-weighted median episode (and never learning one more
- *              than 10 000x off the prior); else the tokens_per_request
- *              prior
+ *              than 10 000x off the prior, nor one whose backlog after the
+ *              release outgrew what it counts: the demand changed); else the
+ *              tokens_per_request prior
  *   after a release, for rate_window_ms (the rate cannot show the released
  *              requests yet), the wake term is lambda at the release x kappa /
  *              (C u), staffed like the level

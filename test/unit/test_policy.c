@@ -686,6 +686,44 @@ static void test_tokens_per_request_counts_arrivals_after_release(void **unused)
     assert_int_equal(d.desired, 7);
 }
 
+static void test_tokens_per_request_not_learned_when_demand_changes_after_release(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    int64_t t = 0;
+    /* The wake of the test above (41 held at 2/s), but a step follows the
+     * release: the backlog grows to 300 in 30 s (far more than 41 + 2/s
+     * arrived) at 2000 tokens/s, then empties. Charged to the 41 + 2/s
+     * requests the episode counts, that would be ~1 800 tokens per request;
+     * it is not learned, and the prior (100) stays. */
+    for (; t <= 20; t++)
+        run(&p, &st, 0, 0, 1 + 2 * t, t * 1000);
+    for (int k = 0; k < 30; k++, t++)
+        run(&p, &st, 2000, 41 + 9 * k, 0, t * 1000);
+    for (int k = 0; k < 30; k++, t++)
+        run(&p, &st, 2000, 300 - 10 * k, 0, t * 1000);
+    for (int k = 0; k <= 70; k++, t++)
+        run(&p, &st, 2000, 0, 0, t * 1000);
+    assert_int_equal(st.nkappa, 0);
+    assert_true(policy_tokens_per_request(&p, &st) == p.tokens_per_request);
+    /* The same wake with the backlog draining as counted teaches: the
+     * backlog may grow a little (Poisson noise: 41 + 2/s x 5 s = 51, plus
+     * 3 x sqrt(51) + 5, about 77) without losing the episode. */
+    policy_state_init(&st);
+    t = 0;
+    for (; t <= 20; t++)
+        run(&p, &st, 0, 0, 1 + 2 * t, t * 1000);
+    for (int k = 0; k < 5; k++, t++)
+        run(&p, &st, 122, 41 + 6 * k, 0, t * 1000);
+    for (int k = 0; k < 10; k++, t++)
+        run(&p, &st, 122, 65 - 6 * k, 0, t * 1000);
+    for (int k = 0; k <= 70; k++, t++)
+        run(&p, &st, 122, 0, 0, t * 1000);
+    assert_int_equal(st.nkappa, 1);
+    assert_true(policy_tokens_per_request(&p, &st) != p.tokens_per_request);
+}
+
 /* A wake episode: `held` requests held for 6 s from t, then `rate` tokens/s
  * until the estimate closes a rate window after the release (61 calls of
  * 1 s: 61 x rate tokens), then idle. */
@@ -1300,6 +1338,7 @@ int main(void)
         cmocka_unit_test(test_released_arrivals_stand_in_for_the_rate),
         cmocka_unit_test(test_tokens_per_request_learned_from_a_wake),
         cmocka_unit_test(test_tokens_per_request_counts_arrivals_after_release),
+        cmocka_unit_test(test_tokens_per_request_not_learned_when_demand_changes_after_release),
         cmocka_unit_test(test_tokens_per_request_pools_episodes_without_outliers),
         cmocka_unit_test(test_tokens_per_request_two_episodes_and_broken_totals),
         cmocka_unit_test(test_tokens_per_request_ignores_implausible_episodes),
