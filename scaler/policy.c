@@ -691,18 +691,17 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
      * is first gone; its tokens are what the rate shows until then, plus
      * one rate window for the rate to catch up. Later tokens belong to
      * requests not counted. */
-    if (st->episode && !st->waking && st->wake_release_ms != NO_TIME) {
+    if (st->episode && !st->waking && st->wake_release_ms != NO_TIME &&
+        st->ep_empty_ms == NO_TIME) {
         /* A backlog growing past what the episode counts means the demand
          * changed after the release (a step right after a wake): its tokens
          * would be charged to too few requests (12x the real size on one
          * replay seed, which then sized every queue term 12x). Such an
          * episode teaches nothing. */
-        if (st->ep_empty_ms == NO_TIME) {
-            double since_s = (double)(now_ms - st->wake_release_ms) / 1000.0;
-            double counted = st->wake_peak_held + st->ep_lambda * (since_s > 0 ? since_s : 0);
-            if (q + h > counted + EPISODE_BACKLOG_Z * sqrt(counted) + EPISODE_BACKLOG_SLACK)
-                st->episode = false;
-        }
+        double since_s = (double)(now_ms - st->wake_release_ms) / 1000.0;
+        double counted = st->wake_peak_held + st->ep_lambda * (since_s > 0 ? since_s : 0);
+        if (q + h > counted + EPISODE_BACKLOG_Z * sqrt(counted) + EPISODE_BACKLOG_SLACK)
+            st->episode = false;
     }
     if (st->episode && !st->waking && st->wake_release_ms != NO_TIME) {
         if (q + h <= 0 && st->ep_empty_ms == NO_TIME)
