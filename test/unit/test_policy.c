@@ -661,17 +661,25 @@ static void test_tokens_per_request_learned_from_a_wake(void **unused)
     assert_int_equal(d.desired, 9);
 }
 
+/* A wake from 0: 2 requests/s held for 20 s (41 held); returns the time (s)
+ * of the next call, the first one after the release. */
+static int64_t wake_41_held(const struct policy_params *p, struct policy_state *st)
+{
+    int64_t t = 0;
+    for (; t <= 20; t++)
+        run(p, st, 0, 0, 1 + 2 * (double)t, t * 1000);
+    return t;
+}
+
 static void test_tokens_per_request_counts_arrivals_after_release(void **unused)
 {
     struct policy_params p = v2();
     struct policy_state st;
     policy_state_init(&st);
-    int64_t t = 0;
-    /* 2 requests/s held for 20 s (41 held), released into a queue that
-     * takes 10 s to empty while they keep arriving: 41 + 2 x 10 = 61
-     * requests; 122 tokens/s for 70 s = 8540 tokens: 140 per request. */
-    for (; t <= 20; t++)
-        run(&p, &st, 0, 0, 1 + 2 * t, t * 1000);
+    /* 41 held, released into a queue that takes 10 s to empty while they
+     * keep arriving: 41 + 2 x 10 = 61 requests; 122 tokens/s for 70 s =
+     * 8540 tokens: 140 per request. */
+    int64_t t = wake_41_held(&p, &st);
     for (int k = 0; k < 10; k++, t++)
         run(&p, &st, 122, 40 - 4 * k, 0, t * 1000);
     for (int k = 0; k <= 60; k++, t++)
@@ -691,14 +699,12 @@ static void test_tokens_per_request_not_learned_when_demand_changes_after_releas
     struct policy_params p = v2();
     struct policy_state st;
     policy_state_init(&st);
-    int64_t t = 0;
     /* The wake of the test above (41 held at 2/s), but a step follows the
      * release: the backlog grows to 300 in 30 s (far more than 41 + 2/s
      * arrived) at 2000 tokens/s, then empties. Charged to the 41 + 2/s
      * requests the episode counts, that would be ~1 800 tokens per request;
      * it is not learned, and the prior (100) stays. */
-    for (; t <= 20; t++)
-        run(&p, &st, 0, 0, 1 + 2 * t, t * 1000);
+    int64_t t = wake_41_held(&p, &st);
     for (int k = 0; k < 30; k++, t++)
         run(&p, &st, 2000, 41 + 9 * k, 0, t * 1000);
     for (int k = 0; k < 30; k++, t++)
@@ -711,9 +717,7 @@ static void test_tokens_per_request_not_learned_when_demand_changes_after_releas
      * backlog may grow a little (Poisson noise: 41 + 2/s x 5 s = 51, plus
      * 3 x sqrt(51) + 5, about 77) without losing the episode. */
     policy_state_init(&st);
-    t = 0;
-    for (; t <= 20; t++)
-        run(&p, &st, 0, 0, 1 + 2 * t, t * 1000);
+    t = wake_41_held(&p, &st);
     for (int k = 0; k < 5; k++, t++)
         run(&p, &st, 122, 41 + 6 * k, 0, t * 1000);
     for (int k = 0; k < 10; k++, t++)
