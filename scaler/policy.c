@@ -463,6 +463,19 @@ double policy_tokens_per_request(const struct policy_params *p, const struct pol
     return kappa > 0 && isfinite(kappa) ? kappa : p->tokens_per_request;
 }
 
+/* Whether a wake episode's backlog, before it is first gone, has grown past
+ * what the episode counts (the held requests plus arrivals at lambda since the
+ * release): the demand changed after the release (a step right after a wake),
+ * and its tokens would be charged to too few requests (12x the real size on
+ * one replay seed, which then sized every queue term 12x). Such an episode
+ * teaches nothing. */
+static bool episode_outgrown(const struct policy_state *st, int64_t now_ms, double backlog)
+{
+    double since_s = (double)(now_ms - st->wake_release_ms) / 1000.0;
+    double counted = st->wake_peak_held + st->ep_lambda * (since_s > 0 ? since_s : 0);
+    return backlog > counted + EPISODE_BACKLOG_Z * sqrt(counted) + EPISODE_BACKLOG_SLACK;
+}
+
 /* ---- keep-warm ------------------------------------------------------------- */
 
 /* Ski rental with the gaps seen: the keep-warm time T minimising
@@ -691,22 +704,13 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
      * is first gone; its tokens are what the rate shows until then, plus
      * one rate window for the rate to catch up. Later tokens belong to
      * requests not counted. */
-    if (st->episode && !st->waking && st->wake_release_ms != NO_TIME &&
-        st->ep_empty_ms == NO_TIME) {
-        /* A backlog growing past what the episode counts means the demand
-         * changed after the release (a step right after a wake): its tokens
-         * would be charged to too few requests (12x the real size on one
-         * replay seed, which then sized every queue term 12x). Such an
-         * episode teaches nothing. */
-        double since_s = (double)(now_ms - st->wake_release_ms) / 1000.0;
-        double counted = st->wake_peak_held + st->ep_lambda * (since_s > 0 ? since_s : 0);
-        if (q + h > counted + EPISODE_BACKLOG_Z * sqrt(counted) + EPISODE_BACKLOG_SLACK)
-            st->episode = false;
-    }
     if (st->episode && !st->waking && st->wake_release_ms != NO_TIME) {
-        if (q + h <= 0 && st->ep_empty_ms == NO_TIME)
+        if (st->ep_empty_ms == NO_TIME && episode_outgrown(st, now_ms, q + h))
+            st->episode = false;
+        else if (q + h <= 0 && st->ep_empty_ms == NO_TIME)
             st->ep_empty_ms = now_ms;
-        if (st->ep_empty_ms != NO_TIME && now_ms - st->ep_empty_ms >= p->rate_window_ms) {
+        if (st->episode && st->ep_empty_ms != NO_TIME &&
+            now_ms - st->ep_empty_ms >= p->rate_window_ms) {
             double after_s = (double)(st->ep_empty_ms - st->wake_release_ms) / 1000.0;
             double n = st->ep_requests + st->ep_lambda * (after_s > 0 ? after_s : 0);
             kappa_record(p, st, st->ep_tokens, n);

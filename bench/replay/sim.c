@@ -373,6 +373,13 @@ static double clock_start(const struct sim *s, size_t i, double rs, double a)
     return t < rs ? t + a : t;
 }
 
+/* Moves qhead past admitted requests to the oldest one still waiting. */
+static void skip_taken(struct sim *s)
+{
+    while (s->qhead < s->next_arr && s->taken[s->qhead])
+        s->qhead++;
+}
+
 /* The next request to admit, or SIZE_MAX. FIFO; with late_after_s > 0 (the
  * activator's lateAfterSeconds), requests whose clock started longer ago
  * than that (see clock_start) go behind those still on time, and those on
@@ -381,13 +388,6 @@ static double clock_start(const struct sim *s, size_t i, double rs, double a)
  * holdq_pop_fresh_first, without tiers. Clocks grow with arrival among the
  * held requests and among the rest, so a cursor per part finds its first
  * request on time. */
-/* Moves qhead past admitted requests to the oldest one still waiting. */
-static void skip_taken(struct sim *s)
-{
-    while (s->qhead < s->next_arr && s->taken[s->qhead])
-        s->qhead++;
-}
-
 static size_t next_waiting(struct sim *s)
 {
     skip_taken(s);
