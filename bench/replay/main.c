@@ -41,9 +41,10 @@ struct settings {
 #define S(f) offsetof(struct settings, f)
 static const struct opt_def option_defs[] = {
     {"trace-dir", OPT_STRING, S(trace_dir), "../shared/traces", 0, 0,
-     "directory holding AzureLLMInferenceTrace_{code,conv}.csv", NULL},
+     "directory holding AzureLLMInferenceTrace_{code,conv}.csv and servegen_aggregate_rate_10min.csv", NULL},
     {"traces", OPT_STRING, S(traces), "azure-code,azure-conv,step,ramp,diurnal,onoff,idle", 0, 0,
-     "comma-separated: azure-code, azure-conv, a CSV path, or a synthetic shape "
+     "comma-separated: azure-code, azure-conv, a CSV path, servegen:<model>:<start hour> "
+     "(4 h of a ServeGen rate envelope from the trace dir), or a synthetic shape "
      "(step, ramp, diurnal, onoff, idle)", NULL},
     {"cold-starts", OPT_STRING, S(cold_starts), "30,120", 0, 0,
      "comma-separated replica cold-start times in seconds", NULL},
@@ -109,6 +110,24 @@ static int load_trace(const struct settings *cfg, const char *name, double max_s
             return -1;
         snprintf(tr->name, sizeof(tr->name), "%s", name);
         return 0;
+    }
+    if (strncmp(name, "servegen:", 9) == 0) {
+        /* servegen:<model>:<start hour>: 4 hours of that model's envelope
+         * at 4 req/s on average (the synthetic shapes' range), client CVs
+         * capped at 4 (the file's 90th percentile is 3-6, m-mid's 31). */
+        const char *model = name + 9, *colon = strrchr(model, ':');
+        char *end;
+        errno = 0;
+        double hour = colon ? strtod(colon + 1, &end) : -1;
+        if (!colon || colon == model || errno || *end || !(hour >= 0)) {
+            snprintf(err, errlen, "'%s': expected servegen:<model>:<start hour>", name);
+            return -1;
+        }
+        char mname[256];
+        snprintf(mname, sizeof(mname), "%.*s", (int)(colon - model), model);
+        snprintf(path, sizeof(path), "%s/servegen_aggregate_rate_10min.csv", cfg->trace_dir);
+        return trace_servegen(path, mname, hour * 3600, max_seconds > 0 ? max_seconds : 4 * 3600,
+                              4, 4, (uint64_t)cfg->seed, tr, err, errlen);
     }
     if (strchr(name, '/') || strstr(name, ".csv"))
         return trace_load_azure(name, max_seconds, tr, err, errlen);
@@ -368,10 +387,11 @@ int main(int argc, char **argv)
         goto out;
     }
     if (cfg.smoke) {
-        /* Short shapes plus the start of the bursty Azure trace when present. */
+        /* Short shapes plus the starts of the bursty Azure trace and of a
+         * ServeGen slice when the files are present. */
         thaw_free(traces_s);
         thaw_free(colds_s);
-        traces_s = thaw_strdup("azure-code,step,onoff,idle");
+        traces_s = thaw_strdup("azure-code,step,onoff,idle,servegen:multimodal/mm-image:16");
         colds_s = thaw_strdup("30,120");
         if (!traces_s || !colds_s)
             goto out;
@@ -427,7 +447,8 @@ int main(int argc, char **argv)
     for (size_t t = 0; t < ntr; t++) {
         struct trace tr;
         if (load_trace(&cfg, traces[t], cfg.max_seconds, &tr, err, sizeof(err)) != 0) {
-            if (cfg.smoke && strncmp(traces[t], "azure-", 6) == 0) {
+            if (cfg.smoke && (strncmp(traces[t], "azure-", 6) == 0 ||
+                              strncmp(traces[t], "servegen:", 9) == 0)) {
                 fprintf(stderr, "thaw-replay: skipping %s: %s\n", traces[t], err);
                 continue;
             }

@@ -344,3 +344,174 @@ int trace_synth(const char *shape, uint64_t seed, double duration_s, double rate
     snprintf(out->name, sizeof(out->name), "%s", shape);
     return 0;
 }
+
+/* ---- ServeGen rate envelope ------------------------------------------------ */
+
+/* Gamma(k, 1) by Marsaglia and Tsang; k < 1 through Gamma(k + 1) x U^(1/k). */
+static double rng_gamma(struct rng *r, double k)
+{
+    if (k < 1)
+        return rng_gamma(r, k + 1) * pow(rng_unif(r), 1 / k);
+    double d = k - 1.0 / 3, c = 1 / sqrt(9 * d);
+    for (;;) {
+        double x = rng_normal(r), v = 1 + c * x;
+        if (v <= 0)
+            continue;
+        v = v * v * v;
+        if (log(rng_unif(r)) < 0.5 * x * x + d - d * v + d * log(v))
+            return d * v;
+    }
+}
+
+struct sg_window {
+    double start, rate, cv;
+    long clients;
+};
+
+/* One row "model,window_start_s,sum_rate_rps,active_clients,rate_weighted_cv"
+ * of the wanted model inside [start_s, end_s) -> *w; 1 stored, 0 skipped,
+ * -1 malformed. */
+static int sg_parse_row(char *line, const char *model, double start_s, double end_s,
+                        struct sg_window *w)
+{
+    char *comma = strchr(line, ',');
+    if (!comma)
+        return -1;
+    *comma = '\0';
+    if (strcmp(line, model) != 0)
+        return 0;
+    char *end;
+    errno = 0;
+    double ws = strtod(comma + 1, &end);
+    if (errno || *end != ',')
+        return -1;
+    double rate = strtod(end + 1, &end);
+    if (errno || *end != ',')
+        return -1;
+    long clients = strtol(end + 1, &end, 10);
+    if (errno || *end != ',')
+        return -1;
+    double cv = strtod(end + 1, &end);
+    if (errno || (*end != '\0' && *end != '\n' && *end != '\r'))
+        return -1;
+    if (!(rate >= 0) || !isfinite(rate) || clients < 0 || !(cv >= 0) || !isfinite(cv))
+        return -1;
+    if (ws < start_s || ws >= end_s)
+        return 0;
+    *w = (struct sg_window){ws - start_s, rate, cv, clients};
+    return 1;
+}
+
+static int by_arrival(const void *a, const void *b)
+{
+    double x = ((const struct trace_req *)a)->t, y = ((const struct trace_req *)b)->t;
+    return x < y ? -1 : x > y;
+}
+
+int trace_servegen(const char *path, const char *model, double start_s, double duration_s,
+                   double mean_rps, double cv_cap, uint64_t seed, struct trace *out,
+                   char *err, size_t errlen)
+{
+    memset(out, 0, sizeof(*out));
+    if (!(duration_s > 0) || !(mean_rps > 0) || !(cv_cap > 0) || !(start_s >= 0)) {
+        snprintf(err, errlen, "servegen: duration, mean rate and CV cap must be > 0");
+        return -1;
+    }
+    FILE *f = fopen(path, "r");
+    if (!f) {
+        snprintf(err, errlen, "%s: %s", path, strerror(errno));
+        return -1;
+    }
+    /* 10-minute windows: a day is 144, the file's longest span 2016. */
+    enum { MAX_WINDOWS = 4096 };
+    struct sg_window *win = thaw_calloc(MAX_WINDOWS, sizeof(*win));
+    size_t nwin = 0, lineno = 0;
+    char line[512];
+    int rc = win ? 0 : -1;
+    if (!win)
+        snprintf(err, errlen, "out of memory");
+    while (rc == 0 && fgets(line, sizeof(line), f)) {
+        lineno++;
+        if (lineno == 1 && strncmp(line, "model,", 6) == 0)
+            continue;
+        struct sg_window w;
+        int got = sg_parse_row(line, model, start_s, start_s + duration_s, &w);
+        if (got < 0) {
+            snprintf(err, errlen,
+                     "%s:%zu: expected model,window_start_s,sum_rate_rps,active_clients,"
+                     "rate_weighted_cv",
+                     path, lineno);
+            rc = -1;
+        } else if (got > 0) {
+            if (nwin == MAX_WINDOWS) {
+                snprintf(err, errlen, "%s: more than %d windows in the slice", path,
+                         MAX_WINDOWS);
+                rc = -1;
+            } else {
+                win[nwin++] = w;
+            }
+        }
+    }
+    fclose(f);
+    double total = 0;
+    for (size_t i = 0; i < nwin; i++)
+        total += win[i].rate;
+    if (rc == 0 && !(total > 0)) {
+        snprintf(err, errlen, "%s: no traffic for '%s' in [%.0f s, %.0f s)", path, model,
+                 start_s, start_s + duration_s);
+        rc = -1;
+    }
+    struct rng r = {seed ^ 0x5DEECE66Dull};
+    for (const char *p = model; *p; p++)
+        r.s = r.s * 31 + (unsigned char)*p;
+    r.s ^= (uint64_t)start_s;
+    /* The slice's mean rate becomes mean_rps: the file's absolute levels
+     * are not known to be unscaled, and the cluster model is one model's. */
+    double scale = rc == 0 ? mean_rps / (total / (double)nwin) : 0;
+    size_t cap = 0;
+    for (size_t i = 0; i < nwin && rc == 0; i++) {
+        const struct sg_window *w = &win[i];
+        double end = w->start + 600;
+        if (end > duration_s)
+            end = duration_s;
+        long clients = w->clients > 0 ? w->clients : 1;
+        double per = w->rate * scale / (double)clients;
+        if (!(per > 0))
+            continue;
+        /* Each client a renewal process with gamma gaps of the window's
+         * CV: shape 1/cv^2, mean 1/per. cv 0 (unknown) is Poisson. */
+        double cv = w->cv > cv_cap ? cv_cap : w->cv;
+        double k = cv > 0 ? 1 / (cv * cv) : 1;
+        for (long c = 0; c < clients && rc == 0; c++) {
+            double t = w->start + rng_unif(&r) / per;
+            while (t < end) {
+                int ctx, gen;
+                sample_lengths(&r, &ctx, &gen);
+                if (push(out, &cap, t, ctx, gen) != 0) {
+                    snprintf(err, errlen, "out of memory");
+                    rc = -1;
+                    break;
+                }
+                t += rng_gamma(&r, k) / (k * per);
+            }
+        }
+    }
+    thaw_free(win);
+    if (rc == 0 && out->n == 0) {
+        snprintf(err, errlen, "servegen '%s': no requests", model);
+        rc = -1;
+    }
+    if (rc != 0) {
+        trace_finish(out);
+        return -1;
+    }
+    qsort(out->reqs, out->n, sizeof(*out->reqs), by_arrival);
+    double t0 = out->reqs[0].t;
+    for (size_t i = 0; i < out->n; i++)
+        out->reqs[i].t -= t0;
+    out->span = out->reqs[out->n - 1].t;
+    const char *tail = strrchr(model, '/');
+    snprintf(out->name, sizeof(out->name), "sg-%s-h%g", tail ? tail + 1 : model,
+             start_s / 3600);
+    return 0;
+}

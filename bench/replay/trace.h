@@ -41,6 +41,19 @@ extern const char *const trace_shapes[];
 int trace_synth(const char *shape, uint64_t seed, double duration_s, double rate_scale,
                 struct trace *out, char *err, size_t errlen);
 
+/* Generates arrivals under a ServeGen rate envelope (the derived
+ * servegen_aggregate_rate_10min.csv: model, window_start_s, sum_rate_rps,
+ * active_clients, rate_weighted_cv; one row per model and 10-minute window).
+ * Takes the model's windows in [start_s, start_s + duration_s), scales their
+ * rates so the slice averages mean_rps, and splits each window's rate evenly
+ * over its active clients, each a renewal process with gamma gaps of the
+ * window's CV (at most cv_cap). Lengths as trace_synth's. Same seed, same
+ * trace. Returns 0, or -1 with err set (unreadable or malformed file, no
+ * traffic for the model in the slice, out of memory). */
+int trace_servegen(const char *path, const char *model, double start_s, double duration_s,
+                   double mean_rps, double cv_cap, uint64_t seed, struct trace *out,
+                   char *err, size_t errlen);
+
 /* Releases reqs; accepts NULL and zeroed traces. */
 void trace_finish(struct trace *t);
 
