@@ -41,7 +41,8 @@ struct settings {
 #define S(f) offsetof(struct settings, f)
 static const struct opt_def option_defs[] = {
     {"trace-dir", OPT_STRING, S(trace_dir), "../shared/traces", 0, 0,
-     "directory holding AzureLLMInferenceTrace_{code,conv}.csv and servegen_aggregate_rate_10min.csv", NULL},
+     "directory holding AzureLLMInferenceTrace_{code,conv}.csv and "
+     "servegen_aggregate_rate_10min.csv", NULL},
     {"traces", OPT_STRING, S(traces), "azure-code,azure-conv,step,ramp,diurnal,onoff,idle", 0, 0,
      "comma-separated: azure-code, azure-conv, a CSV path, servegen:<model>:<start hour> "
      "(4 h of a ServeGen rate envelope from the trace dir), or a synthetic shape "

@@ -134,7 +134,8 @@ static void test_errors_are_reported_not_fatal(void **state)
     (void)state;
     struct trace t;
     char err[256];
-    assert_int_equal(trace_servegen(fixture, "no/such", 0, 3600, 4, 4, 1, &t, err, sizeof(err)), -1);
+    assert_int_equal(
+        trace_servegen(fixture, "no/such", 0, 3600, 4, 4, 1, &t, err, sizeof(err)), -1);
     assert_non_null(strstr(err, "no traffic for 'no/such'"));
     assert_null(t.reqs);
     assert_int_equal(trace_servegen(fixture, "a/x", 7200, 3600, 4, 4, 1, &t, err, sizeof(err)), -1);
