@@ -36,6 +36,7 @@ struct settings {
     char *thaw;
     char *requests;
     double baselines_late_after;
+    double jitter;
 };
 
 #define S(f) offsetof(struct settings, f)
@@ -76,6 +77,10 @@ static const struct opt_def option_defs[] = {
     {"requests", OPT_STRING, S(requests), NULL, 0, 0,
      "write every request's arrival, TTFT, cold flag and SLO result as CSV to this file",
      NULL},
+    {"jitter", OPT_DOUBLE, S(jitter), "0", 0, 60,
+     "> 0: move every arrival of a CSV trace (the Azure ones) by a uniform random amount "
+     "within this many seconds either way, seeded by --seed: how much a verdict rests on "
+     "the exact timing", NULL},
     {"smoke", OPT_INT, S(smoke), "0", 0, 1,
      "1: short run checking the simulator's invariants (exit 1 on failure)", NULL},
 };
@@ -110,7 +115,7 @@ static int load_trace(const struct settings *cfg, const char *name, double max_s
         if (trace_load_azure(path, max_seconds, tr, err, errlen) != 0)
             return -1;
         snprintf(tr->name, sizeof(tr->name), "%s", name);
-        return 0;
+        return trace_jitter(tr, cfg->jitter, (uint64_t)cfg->seed);
     }
     if (strncmp(name, "servegen:", 9) == 0) {
         /* servegen:<model>:<start hour>: 4 hours of that model's envelope
@@ -130,8 +135,11 @@ static int load_trace(const struct settings *cfg, const char *name, double max_s
         return trace_servegen(path, mname, hour * 3600, max_seconds > 0 ? max_seconds : 4 * 3600,
                               4, 4, (uint64_t)cfg->seed, tr, err, errlen);
     }
-    if (strchr(name, '/') || strstr(name, ".csv"))
-        return trace_load_azure(name, max_seconds, tr, err, errlen);
+    if (strchr(name, '/') || strstr(name, ".csv")) {
+        if (trace_load_azure(name, max_seconds, tr, err, errlen) != 0)
+            return -1;
+        return trace_jitter(tr, cfg->jitter, (uint64_t)cfg->seed);
+    }
     return trace_synth(name, (uint64_t)cfg->seed, cfg->smoke ? 1200 : 0, 1, tr, err, errlen);
 }
 

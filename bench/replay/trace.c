@@ -515,3 +515,20 @@ int trace_servegen(const char *path, const char *model, double start_s, double d
              start_s / 3600);
     return 0;
 }
+
+/* ---- perturbation ------------------------------------------------------------ */
+
+int trace_jitter(struct trace *t, double spread_s, uint64_t seed)
+{
+    if (!(spread_s > 0) || t->n == 0)
+        return 0;
+    struct rng r = {seed ^ 0xA5A5A5A5DEADBEEFull};
+    for (size_t i = 0; i < t->n; i++)
+        t->reqs[i].t += rng_range(&r, -spread_s, spread_s);
+    qsort(t->reqs, t->n, sizeof(*t->reqs), by_arrival);
+    double t0 = t->reqs[0].t;
+    for (size_t i = 0; i < t->n; i++)
+        t->reqs[i].t -= t0;
+    t->span = t->reqs[t->n - 1].t;
+    return 0;
+}

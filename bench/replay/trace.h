@@ -54,6 +54,13 @@ int trace_servegen(const char *path, const char *model, double start_s, double d
                    double mean_rps, double cv_cap, uint64_t seed, struct trace *out,
                    char *err, size_t errlen);
 
+/* Moves every arrival by a uniform random amount in [-spread_s, spread_s]
+ * (seeded), re-sorts and restarts the trace at its first request: the same
+ * traffic with slightly different timing, to see how much a verdict rests
+ * on the exact arrival times. spread_s <= 0 leaves the trace as it is.
+ * Returns 0. */
+int trace_jitter(struct trace *t, double spread_s, uint64_t seed);
+
 /* Releases reqs; accepts NULL and zeroed traces. */
 void trace_finish(struct trace *t);
 

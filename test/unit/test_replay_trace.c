@@ -1,5 +1,6 @@
 /* replay trace: the ServeGen envelope generator (rates scaled to the asked
- * mean and split by window, client burstiness, determinism, errors). */
+ * mean and split by window, client burstiness, determinism, errors) and the
+ * arrival jitter. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -161,6 +162,38 @@ static void test_errors_are_reported_not_fatal(void **state)
     unlink(bad);
 }
 
+static void test_jitter_moves_arrivals_within_the_spread(void **state)
+{
+    (void)state;
+    struct trace a, b, c;
+    char err[256];
+    assert_int_equal(trace_servegen(fixture, "a/x", 0, 3600, 4, 4, 5, &a, err, sizeof(err)), 0);
+    assert_int_equal(trace_servegen(fixture, "a/x", 0, 3600, 4, 4, 5, &b, err, sizeof(err)), 0);
+    assert_int_equal(trace_servegen(fixture, "a/x", 0, 3600, 4, 4, 5, &c, err, sizeof(err)), 0);
+    double tokens = trace_tokens(&a);
+    assert_int_equal(trace_jitter(&a, 0, 9), 0);
+    assert_memory_equal(a.reqs, b.reqs, a.n * sizeof(*a.reqs));
+    assert_int_equal(trace_jitter(&a, 0.5, 9), 0);
+    assert_int_equal(trace_jitter(&c, 0.5, 9), 0);
+    assert_int_equal(a.n, b.n);
+    assert_true(trace_tokens(&a) == tokens);
+    assert_memory_equal(a.reqs, c.reqs, a.n * sizeof(*a.reqs));
+    /* The k-th arrival moves by at most the spread, and the restart at the
+     * new first request by at most the spread again. */
+    size_t moved = 0;
+    assert_true(a.reqs[0].t == 0);
+    for (size_t i = 0; i < a.n; i++) {
+        if (i > 0)
+            assert_true(a.reqs[i].t >= a.reqs[i - 1].t);
+        assert_true(fabs(a.reqs[i].t - b.reqs[i].t) <= 1.0 + 1e-9);
+        moved += a.reqs[i].t != b.reqs[i].t;
+    }
+    assert_true(moved > a.n / 2);
+    trace_finish(&a);
+    trace_finish(&b);
+    trace_finish(&c);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -169,6 +202,7 @@ int main(void)
         cmocka_unit_test(test_client_cv_makes_bursts_and_the_cap_limits_them),
         cmocka_unit_test(test_same_seed_same_trace),
         cmocka_unit_test(test_errors_are_reported_not_fatal),
+        cmocka_unit_test(test_jitter_moves_arrivals_within_the_spread),
     };
     return cmocka_run_group_tests(tests, write_fixture, remove_fixture);
 }
