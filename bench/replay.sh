@@ -10,18 +10,9 @@
 # the tables. Bounded: the whole run takes seconds; a 5-minute timeout guards it.
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(dirname "$here")
-build=${THAW_BUILD_DIR:-$root/build}
-traces=${THAW_TRACE_DIR:-$(cd "$root/.." && pwd)/shared/traces}
-out=${1:-$build/replay}
-
-if [ ! -f "$build/build.ninja" ]; then
-    meson setup "$build" "$root" >/dev/null
-fi
-meson compile -C "$build" thaw-replay >/dev/null
-bin=$build/bench/replay/thaw-replay
-mkdir -p "$out"
+# shellcheck source=bench/replay_env.sh
+. "$(dirname "$0")/replay_env.sh" "${1:-}"
+replay_build
 
 run() {
     timeout 300 "$bin" --trace-dir "$traces" "$@"

@@ -14,11 +14,8 @@
 # run has a 5-minute timeout.
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(dirname "$here")
-build=${THAW_BUILD_DIR:-$root/build}
-traces=${THAW_TRACE_DIR:-$(cd "$root/.." && pwd)/shared/traces}
-out=${1:-$build/replay}
+# shellcheck source=bench/replay_env.sh
+. "$(dirname "$0")/replay_env.sh" "${1:-}"
 jitter=${THAW_JITTER:-0.5}
 draws=${THAW_JITTER_SEEDS:-20}
 
@@ -26,12 +23,7 @@ if [ ! -f "$traces/AzureLLMInferenceTrace_code.csv" ]; then
     echo "replay_jitter: no Azure traces in $traces (set THAW_TRACE_DIR)" >&2
     exit 1
 fi
-if [ ! -f "$build/build.ninja" ]; then
-    meson setup "$build" "$root" >/dev/null
-fi
-meson compile -C "$build" thaw-replay >/dev/null
-bin=$build/bench/replay/thaw-replay
-mkdir -p "$out"
+replay_build
 
 rows=$(mktemp)
 trap 'rm -f "$rows"' EXIT

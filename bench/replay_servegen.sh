@@ -6,12 +6,12 @@
 #   bench/replay_servegen.sh [OUT_DIR]
 #
 # Slices: every model, the first day in 4-hour slices (start hours 0, 4, ...,
-# 20; THAW_SG_DAY picks another), leaving out slices with an empty window (the file's README calls those
-# collection gaps); seeds 1 and 2 (the client processes' draws); cold starts
+# 20; THAW_SG_DAY picks another day), leaving out slices with an empty window
+# (the file's README calls those collection gaps); seeds 1 and 2 (the client processes' draws); cold starts
 # 30 s and 120 s. Each slice runs at 4 req/s on average with each window's
 # rate split over its active clients, gamma gaps of the window's CV (capped
 # at 4): `thaw-replay --traces servegen:<model>:<hour>` (docs/scaling-policy.md,
-# "Held out: the ServeGen envelope"). Prints every cell's verdict table row
+# "Held out: the ServeGen production envelope"). Prints every cell's verdict table row
 # and the count of cells where thaw dominates both baselines; writes
 # OUT_DIR/servegen.md (default OUT_DIR: $THAW_BUILD_DIR/replay). About a
 # minute on 2 cores; each thaw-replay run has a 5-minute timeout.
@@ -22,11 +22,8 @@
 # day 2-14 exist for the three language models only).
 set -euo pipefail
 
-here=$(cd "$(dirname "$0")" && pwd)
-root=$(dirname "$here")
-build=${THAW_BUILD_DIR:-$root/build}
-traces=${THAW_TRACE_DIR:-$(cd "$root/.." && pwd)/shared/traces}
-out=${1:-$build/replay}
+# shellcheck source=bench/replay_env.sh
+. "$(dirname "$0")/replay_env.sh" "${1:-}"
 seeds=${THAW_SG_SEEDS:-1 2}
 day=${THAW_SG_DAY:-1}
 envelope=$traces/servegen_aggregate_rate_10min.csv
@@ -35,14 +32,9 @@ if [ ! -f "$envelope" ]; then
     echo "replay_servegen: $envelope not found (set THAW_TRACE_DIR)" >&2
     exit 1
 fi
-if [ ! -f "$build/build.ninja" ]; then
-    meson setup "$build" "$root" >/dev/null
-fi
-meson compile -C "$build" thaw-replay >/dev/null
-bin=$build/bench/replay/thaw-replay
-mkdir -p "$out"
+replay_build
 
-# "model start-hour" for every 4-hour slice of day 1 with no empty window.
+# "model start-hour" for every 4-hour slice of the day with no empty window.
 slices=$(awk -F, -v day="$day" 'NR > 1 && $2 >= (day - 1) * 86400 && $2 < day * 86400 {
         slice = int($2 / 14400); key = $1 " " slice * 4
         n[key]++; if ($3 + 0 <= 0) empty[key] = 1

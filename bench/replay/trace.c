@@ -45,6 +45,16 @@ static int push(struct trace *t, size_t *cap, double at, int ctx, int gen)
     return 0;
 }
 
+/* Starts a sorted, non-empty trace at its first request, like the Azure
+ * files, and sets its span. */
+static void start_at_first_request(struct trace *t)
+{
+    double t0 = t->reqs[0].t;
+    for (size_t i = 0; i < t->n; i++)
+        t->reqs[i].t -= t0;
+    t->span = t->reqs[t->n - 1].t;
+}
+
 /* ---- Azure CSV ------------------------------------------------------------ */
 
 /* Days since 1970-01-01 of a proleptic Gregorian date (no libc time zone). */
@@ -336,11 +346,7 @@ int trace_synth(const char *shape, uint64_t seed, double duration_s, double rate
         trace_finish(out);
         return -1;
     }
-    /* Start the trace at its first request, like the Azure files. */
-    double t0 = out->reqs[0].t;
-    for (size_t i = 0; i < out->n; i++)
-        out->reqs[i].t -= t0;
-    out->span = out->reqs[out->n - 1].t;
+    start_at_first_request(out);
     snprintf(out->name, sizeof(out->name), "%s", shape);
     return 0;
 }
@@ -414,7 +420,8 @@ int trace_servegen(const char *path, const char *model, double start_s, double d
 {
     memset(out, 0, sizeof(*out));
     if (!(duration_s > 0) || !(mean_rps > 0) || !(cv_cap > 0) || !(start_s >= 0)) {
-        snprintf(err, errlen, "servegen: duration, mean rate and CV cap must be > 0");
+        snprintf(err, errlen, "servegen: the start must be >= 0 and the duration, mean rate "
+                              "and CV cap > 0");
         return -1;
     }
     FILE *f = fopen(path, "r");
@@ -506,10 +513,7 @@ int trace_servegen(const char *path, const char *model, double start_s, double d
         return -1;
     }
     qsort(out->reqs, out->n, sizeof(*out->reqs), by_arrival);
-    double t0 = out->reqs[0].t;
-    for (size_t i = 0; i < out->n; i++)
-        out->reqs[i].t -= t0;
-    out->span = out->reqs[out->n - 1].t;
+    start_at_first_request(out);
     const char *tail = strrchr(model, '/');
     snprintf(out->name, sizeof(out->name), "sg-%s-h%g", tail ? tail + 1 : model,
              start_s / 3600);
@@ -526,9 +530,6 @@ int trace_jitter(struct trace *t, double spread_s, uint64_t seed)
     for (size_t i = 0; i < t->n; i++)
         t->reqs[i].t += rng_range(&r, -spread_s, spread_s);
     qsort(t->reqs, t->n, sizeof(*t->reqs), by_arrival);
-    double t0 = t->reqs[0].t;
-    for (size_t i = 0; i < t->n; i++)
-        t->reqs[i].t -= t0;
-    t->span = t->reqs[t->n - 1].t;
+    start_at_first_request(t);
     return 0;
 }
