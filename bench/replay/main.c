@@ -105,42 +105,49 @@ static size_t split(char *s, char **out, size_t max)
     return n;
 }
 
+/* servegen:<model>:<start hour>: 4 hours of that model's envelope at 4 req/s
+ * on average (the synthetic shapes' range), client CVs capped at 4 (the
+ * file's 90th percentile is 3-6, m-mid's 31). */
+static int load_servegen(const struct settings *cfg, const char *name, double max_seconds,
+                         struct trace *tr, char *err, size_t errlen)
+{
+    const char *model = name + 9, *colon = strrchr(model, ':');
+    char *end;
+    errno = 0;
+    double hour = colon ? strtod(colon + 1, &end) : -1;
+    if (!colon || colon == model || errno || *end || !(hour >= 0)) {
+        snprintf(err, errlen, "'%s': expected servegen:<model>:<start hour>", name);
+        return -1;
+    }
+    char mname[256], path[1024];
+    snprintf(mname, sizeof(mname), "%.*s", (int)(colon - model), model);
+    snprintf(path, sizeof(path), "%s/servegen_aggregate_rate_10min.csv", cfg->trace_dir);
+    return trace_servegen(path, mname, hour * 3600, max_seconds > 0 ? max_seconds : 4 * 3600, 4,
+                          4, (uint64_t)cfg->seed, tr, err, errlen);
+}
+
 static int load_trace(const struct settings *cfg, const char *name, double max_seconds,
                       struct trace *tr, char *err, size_t errlen)
 {
+    if (strncmp(name, "servegen:", 9) == 0)
+        return load_servegen(cfg, name, max_seconds, tr, err, errlen);
     char path[1024];
-    if (strcmp(name, "azure-code") == 0 || strcmp(name, "azure-conv") == 0) {
+    const char *csv = NULL;
+    bool named = strcmp(name, "azure-code") == 0 || strcmp(name, "azure-conv") == 0;
+    if (named) {
         snprintf(path, sizeof(path), "%s/AzureLLMInferenceTrace_%s.csv", cfg->trace_dir,
                  name + 6);
-        if (trace_load_azure(path, max_seconds, tr, err, errlen) != 0)
-            return -1;
+        csv = path;
+    } else if (strchr(name, '/') || strstr(name, ".csv")) {
+        csv = name;
+    }
+    if (!csv)
+        return trace_synth(name, (uint64_t)cfg->seed, cfg->smoke ? 1200 : 0, 1, tr, err, errlen);
+    if (trace_load_azure(csv, max_seconds, tr, err, errlen) != 0)
+        return -1;
+    if (named)
         snprintf(tr->name, sizeof(tr->name), "%s", name);
-        return trace_jitter(tr, cfg->jitter, (uint64_t)cfg->seed);
-    }
-    if (strncmp(name, "servegen:", 9) == 0) {
-        /* servegen:<model>:<start hour>: 4 hours of that model's envelope
-         * at 4 req/s on average (the synthetic shapes' range), client CVs
-         * capped at 4 (the file's 90th percentile is 3-6, m-mid's 31). */
-        const char *model = name + 9, *colon = strrchr(model, ':');
-        char *end;
-        errno = 0;
-        double hour = colon ? strtod(colon + 1, &end) : -1;
-        if (!colon || colon == model || errno || *end || !(hour >= 0)) {
-            snprintf(err, errlen, "'%s': expected servegen:<model>:<start hour>", name);
-            return -1;
-        }
-        char mname[256];
-        snprintf(mname, sizeof(mname), "%.*s", (int)(colon - model), model);
-        snprintf(path, sizeof(path), "%s/servegen_aggregate_rate_10min.csv", cfg->trace_dir);
-        return trace_servegen(path, mname, hour * 3600, max_seconds > 0 ? max_seconds : 4 * 3600,
-                              4, 4, (uint64_t)cfg->seed, tr, err, errlen);
-    }
-    if (strchr(name, '/') || strstr(name, ".csv")) {
-        if (trace_load_azure(name, max_seconds, tr, err, errlen) != 0)
-            return -1;
-        return trace_jitter(tr, cfg->jitter, (uint64_t)cfg->seed);
-    }
-    return trace_synth(name, (uint64_t)cfg->seed, cfg->smoke ? 1200 : 0, 1, tr, err, errlen);
+    return trace_jitter(tr, cfg->jitter, (uint64_t)cfg->seed);
 }
 
 /* Applies "name=value,..." to thaw's parameters. Returns 0 or -1 (err set). */
@@ -256,7 +263,10 @@ static const char *verdict(const struct run *t, const struct run *b, char *buf, 
         return "-";
     bool slo = t->r.slo >= b->r.slo - 1e-12;
     bool cheaper = t->r.gpu_s < b->r.gpu_s;
-    const char *v = slo && cheaper ? "yes" : slo ? "no (GPU-s)" : cheaper ? "no (SLO)" : "no (both)";
+    const char *v = slo && cheaper ? "yes"
+                    : slo          ? "no (GPU-s)"
+                    : cheaper      ? "no (SLO)"
+                                   : "no (both)";
     long long met_t = llround(t->r.slo * (double)t->r.requests);
     long long met_b = llround(b->r.slo * (double)b->r.requests);
     if (!(b->r.gpu_s > 0)) {
