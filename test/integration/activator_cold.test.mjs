@@ -492,3 +492,58 @@ test('fallbackBackend that stops answering: requests go back to the hold queue, 
     await main?.stop();
   }
 });
+
+test('fallbackBackend removed by a reload and added back: nothing goes to it while removed; re-added (same or new address), held requests go to it again', async () => {
+  const mainPort = await freePort();
+  const fb = await startFakeVllm({ model: 'fbr', waitReady: true });
+  const withFallback = (url) => ({ models: [modelCfg('fbr', mainPort, { fallbackBackend: url, fallbackAfterSeconds: 0.2 })] });
+  // fallbackAfterSeconds stays: only the backend goes.
+  const without = { models: [modelCfg('fbr', mainPort, { fallbackAfterSeconds: 0.2 })] };
+  const act = await startActivator(withFallback(fb.url), { redisUrl: redis.url });
+  let fb2 = null;
+  const reload = async (cfg) => {
+    const since = act.proc.mark();
+    act.writeConfig(cfg);
+    act.proc.proc.kill('SIGHUP');
+    await act.proc.waitForLog(/event=config_reloaded/, 3000, { since });
+  };
+  try {
+    const r1 = await complete(act.port, 'fbr');
+    assert.equal(r1.headers['x-thaw-fallback'], 'true', 'the fallback serves while the model is down');
+
+    await reload(without);
+    const r2 = complete(act.port, 'fbr', { prompt: 'while removed', timeoutMs: 20000 });
+    await sleep(1000); // five times fallbackAfterSeconds
+    let model = await act.model('fbr');
+    assert.equal(model.held, 1, 'held: the removed fallback takes nothing');
+    assert.equal(model.fallbackRequests, 1);
+
+    // Added back at the same address: the held request goes there.
+    await reload(withFallback(fb.url));
+    const res2 = await r2;
+    assert.equal(res2.status, 200, res2.body.toString());
+    assert.equal(res2.headers['x-thaw-fallback'], 'true');
+    assert.equal((await act.model('fbr')).fallbackRequests, 2);
+
+    // Removed again, its server replaced by one at a new address; added back
+    // there. The old one is stopped, so only the new one can answer.
+    await reload(without);
+    await fb.stop();
+    fb2 = await startFakeVllm({ model: 'fbr', waitReady: true });
+    const r3 = complete(act.port, 'fbr', { prompt: 'new address', timeoutMs: 20000 });
+    await sleep(500);
+    assert.equal((await act.model('fbr')).held, 1);
+    await reload(withFallback(fb2.url));
+    const res3 = await r3;
+    assert.equal(res3.status, 200, res3.body.toString());
+    assert.equal(res3.headers['x-thaw-fallback'], 'true');
+    model = await act.model('fbr');
+    assert.equal(model.fallbackRequests, 3);
+    assert.equal(model.state, 'waking', 'the model itself is still waking');
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await fb.stop();
+    await fb2?.stop();
+  }
+});
