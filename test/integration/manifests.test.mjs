@@ -185,10 +185,31 @@ test('refs: Deployments: selectors, security, resources, service account tokens'
     assert.equal(c[probe]?.grpc?.port, grpcPort, `thaw-scaler ${probe} is a gRPC probe on the gRPC port`);
   }
   assert.deepEqual(c.args, ['--config', '/etc/thaw/scaler.json']);
-  const act = find('Deployment', 'thaw-activator', 'thaw-system');
-  const drain = JSON.parse(find('ConfigMap', 'thaw-activator').data['activator.json']).limits?.drainTimeoutSeconds ?? 30;
-  assert.ok(act.spec.template.spec.terminationGracePeriodSeconds > drain,
-    'the activator gets its drain time before SIGKILL');
+  // A stopping activator (rollout, node drain) lets held requests wait their
+  // whole hold and streams finish: drainTimeoutSeconds covers every
+  // holdTimeoutSeconds, and the grace covers preStop + drain + the 5 s hard
+  // stop the activator allows itself after the drain deadline.
+  for (const [label, objs] of [['base', built.base], ['example', all]]) {
+    const act = objs.find((o) => o.kind === 'Deployment' && o.metadata.name === 'thaw-activator');
+    const cfg = JSON.parse(objs.find((o) => o.kind === 'ConfigMap' && o.metadata.name === 'thaw-activator')
+      .data['activator.json']);
+    const drain = cfg.limits?.drainTimeoutSeconds ?? 30;
+    const holds = [cfg.defaults?.holdTimeoutSeconds ?? 600,
+      ...cfg.models.map((m) => m.holdTimeoutSeconds ?? cfg.defaults?.holdTimeoutSeconds ?? 600)];
+    assert.ok(drain >= Math.max(...holds),
+      `${label}: drainTimeoutSeconds ${drain} < the longest holdTimeoutSeconds ${Math.max(...holds)}`);
+    const pre = act.spec.template.spec.containers[0].lifecycle?.preStop?.exec?.command ?? [];
+    const preStop = pre[0] === 'sleep' ? Number(pre[1]) : 0;
+    const grace = act.spec.template.spec.terminationGracePeriodSeconds;
+    assert.ok(grace >= preStop + drain + 5,
+      `${label}: grace ${grace} s < preStop ${preStop} + drain ${drain} + 5 s: held requests and streams cut by SIGKILL`);
+  }
+  // Model pods: vLLM finishes its requests after SIGTERM, within the grace.
+  for (const so of byKind('ScaledObject')) {
+    const dep = find('Deployment', so.spec.scaleTargetRef.name, so.metadata.namespace);
+    assert.ok(dep.spec.template.spec.terminationGracePeriodSeconds >= 300,
+      `${objectId(dep)}: a grace under 300 s cuts long generations at scale-down`);
+  }
 });
 
 test('refs: Services, PDBs and monitors select existing pods and ports', () => {
