@@ -26,7 +26,7 @@ import {
   buildKustomization, loadYamlDocs, manifestsDir, objectId, selects, validateObject,
 } from './manifests_lib.mjs';
 
-const KUSTOMIZATIONS = ['base', 'monitoring', 'examples/llama'];
+const KUSTOMIZATIONS = ['base', 'monitoring', 'examples/llama', 'networkpolicy'];
 const built = {};
 for (const k of KUSTOMIZATIONS) built[k] = buildKustomization(path.join(manifestsDir, k));
 // The example overlay holds base and monitoring too: it is the full install.
@@ -122,7 +122,7 @@ test('schemas: every object validates against its Kubernetes, KEDA or prometheus
   for (const want of ['apps/v1 Deployment', 'v1 Service', 'v1 ConfigMap', 'policy/v1 PodDisruptionBudget',
     'keda.sh/v1alpha1 ScaledObject', 'keda.sh/v1alpha1 TriggerAuthentication',
     'monitoring.coreos.com/v1 ServiceMonitor', 'monitoring.coreos.com/v1 PodMonitor',
-    'monitoring.coreos.com/v1 PrometheusRule']) {
+    'monitoring.coreos.com/v1 PrometheusRule', 'networking.k8s.io/v1 NetworkPolicy']) {
     assert.ok(kinds.has(want), `no ${want} was validated`);
   }
 });
@@ -288,6 +288,44 @@ test('refs: ScaledObjects: targets, scaler addresses, metadata keys, HPA behavio
   const upstream = /server (\S+)\.svc:(\d+);/.exec(nginx);
   resolveAddress(`${upstream[1]}:${upstream[2]}`);
   assert.match(nginx, new RegExp(`listen ${tls.metadata.scalerAddress.split(':')[1]} ssl http2;`));
+});
+
+test('refs: NetworkPolicies select Thaw\'s pods and ports, and admit every caller Thaw has', () => {
+  const pols = built.networkpolicy.filter((o) => o.kind === 'NetworkPolicy');
+  const thawDeps = byKind('Deployment').filter((d) => d.metadata.namespace === 'thaw-system');
+  const depOf = (sel) => thawDeps.filter((d) => selects(sel.matchLabels, podLabels(d)));
+  for (const p of pols) {
+    const id = objectId(p);
+    assert.equal(p.metadata.namespace, 'thaw-system', id);
+    const targets = depOf(p.spec.podSelector);
+    assert.equal(targets.length, 1, `${id} selects ${targets.length} Deployments`);
+    const names = containerPorts(targets[0].spec.template.spec).map((x) => x.name);
+    for (const rule of p.spec.ingress) {
+      for (const port of rule.ports) assert.ok(names.includes(port.port), `${id}: no port ${port.port} on its pods`);
+      for (const peer of rule.from.filter((f) => f.podSelector)) {
+        assert.equal(depOf(peer.podSelector).length, 1, `${id}: a podSelector that selects no Thaw pod`);
+      }
+    }
+  }
+  // Every in-cluster connection Thaw makes to a pod a policy guards, from the
+  // example install: [client Deployment, target Deployment, target port name].
+  const needed = [['thaw-scaler', 'thaw-redis', 'redis'], ['thaw-activator', 'thaw-redis', 'redis'],
+    ['thaw-activator', 'thaw-scaler', 'http-metrics'], ['thaw-scaler-tls', 'thaw-scaler', 'grpc']];
+  const admits = (from, to, port) => pols.some((p) =>
+    selects(p.spec.podSelector.matchLabels, podLabels(find('Deployment', to, 'thaw-system'))) &&
+    p.spec.ingress.some((r) => r.ports.some((x) => x.port === port) &&
+      r.from.some((f) => f.podSelector && selects(f.podSelector.matchLabels, podLabels(find('Deployment', from, 'thaw-system'))))));
+  for (const [from, to, port] of needed) assert.ok(admits(from, to, port), `${from} -> ${to}:${port} is not admitted`);
+  assert.ok(!admits('thaw-activator', 'thaw-scaler', 'grpc'), 'the activators have no business on the gRPC port');
+  // The activator's wake URL and Redis URL go to the ports admitted above.
+  const actEnv = Object.fromEntries(find('Deployment', 'thaw-activator', 'thaw-system').spec.template.spec
+    .containers[0].env.filter((e) => e.value).map((e) => [e.name, e.value]));
+  assert.match(actEnv.THAW_SCALER_WAKE_URL, /:9091$/);
+  assert.match(actEnv.THAW_REDIS_URL, /:6379$/);
+  // KEDA's and Prometheus's namespaces are the two the kustomization says to check.
+  const nsNames = pols.flatMap((p) => p.spec.ingress.flatMap((r) => r.from))
+    .filter((f) => f.namespaceSelector).map((f) => f.namespaceSelector.matchLabels['kubernetes.io/metadata.name']);
+  assert.deepEqual([...new Set(nsNames)].sort(), ['keda', 'monitoring']);
 });
 
 test('refs: activator backends are headless Services of the example models', () => {
