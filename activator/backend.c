@@ -67,7 +67,7 @@ struct backend {
     unsigned cap;      /* maxConcurrencyPerEndpoint (0: none) */
     bool split;        /* the cap is shared by `peers` activators */
     bool stopped;      /* backend_stop: no lookups or polls until reconfigured */
-    unsigned peers;    /* live activators, this one included */
+    unsigned peers;    /* live activators, this one included, in BALANCE_PEER_UNITs */
     long upstream_idle_ms;
     size_t max_idle;
 
@@ -581,7 +581,7 @@ struct backend *backend_new(struct event_base *base, struct evdns_base *dns,
     b->dns = dns;
     b->cbs = *cbs;
     b->ud = ud;
-    b->peers = 1;
+    b->peers = BALANCE_PEER_UNIT;
     b->refresh_timer = evtimer_new(base, refresh_cb, b);
     if (!b->refresh_timer || apply_settings(b, mc, lim) < 0 || start_source(b, mc) < 0) {
         backend_free(b);
@@ -632,7 +632,20 @@ unsigned backend_cap(const struct backend *b)
     return b->split ? balance_share(b->cap, b->peers) : b->cap;
 }
 
-void backend_set_peers(struct backend *b, unsigned peers) { b->peers = peers ? peers : 1; }
+void backend_set_peers(struct backend *b, unsigned peers_milli)
+{
+    b->peers = peers_milli ? peers_milli : BALANCE_PEER_UNIT;
+}
+
+unsigned backend_max_outstanding(const struct backend *b)
+{
+    unsigned most = 0;
+    for (size_t i = 0; i < b->neps; i++) {
+        if (b->eps[i]->bal.outstanding > most)
+            most = b->eps[i]->bal.outstanding;
+    }
+    return most;
+}
 
 struct endpoint *backend_pick(struct backend *b)
 {

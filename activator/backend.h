@@ -66,9 +66,12 @@ void backend_free(struct backend *b);
 int backend_reconfigure(struct backend *b, const struct model_config *mc,
                         const struct limits_config *lim);
 
-/* The activators sharing each endpoint's cap (this one included; 0 counts
- * as 1). Starts at 1; kept across backend_reconfigure. */
-void backend_set_peers(struct backend *b, unsigned peers);
+/* The activators sharing each endpoint's cap, in BALANCE_PEER_UNITs (this
+ * one included; a draining peer counts for the part of its share it still
+ * uses; 0 counts as one). Starts at one; kept across backend_reconfigure. */
+void backend_set_peers(struct backend *b, unsigned peers_milli);
+/* The most requests this activator has outstanding on any one endpoint. */
+unsigned backend_max_outstanding(const struct backend *b);
 /* This activator's cap per endpoint now: maxConcurrencyPerEndpoint, split
  * by the peers when splitConcurrencyAcrossActivators (0: no cap). */
 unsigned backend_cap(const struct backend *b);

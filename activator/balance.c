@@ -44,11 +44,12 @@ size_t balance_capacity(struct balance_ep *const *eps, size_t n, unsigned cap)
     return total;
 }
 
-unsigned balance_share(unsigned cap, unsigned peers)
+unsigned balance_share(unsigned cap, unsigned peers_milli)
 {
-    if (cap == 0 || peers <= 1)
+    if (cap == 0 || peers_milli <= BALANCE_PEER_UNIT)
         return cap;
-    return cap / peers + (cap % peers != 0);
+    uint64_t scaled = (uint64_t)cap * BALANCE_PEER_UNIT;
+    return (unsigned)(scaled / peers_milli + (scaled % peers_milli != 0));
 }
 
 int balance_sockaddr(const char *host, int port, struct sockaddr_storage *ss, socklen_t *len)

@@ -28,8 +28,11 @@ size_t balance_capacity(struct balance_ep *const *eps, size_t n, unsigned cap);
 /* This activator's part of a per-endpoint cap that peers activators share:
  * ceil(cap / peers), at least 1 (so every activator can reach every
  * endpoint; with peers > cap the endpoints may get up to peers requests).
- * cap 0 (no cap) stays 0; peers 0 counts as 1. */
-unsigned balance_share(unsigned cap, unsigned peers);
+ * peers is in thousandths (BALANCE_PEER_UNIT each), so a draining peer that
+ * still uses part of its share counts for that part only. cap 0 (no cap)
+ * stays 0; peers of one or less leave the whole cap. */
+#define BALANCE_PEER_UNIT 1000u
+unsigned balance_share(unsigned cap, unsigned peers_milli);
 
 /* host as an IP literal (IPv6 without brackets) with port, into *ss and
  * *len. Returns 0, or -1 when host is not an IP literal (a name). */

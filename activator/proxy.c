@@ -216,7 +216,7 @@ struct proxy {
     int64_t last_redis_ms;
     /* Live activators sharing maxConcurrencyPerEndpoint (this one
      * included), counted in Redis; 1 without a recent answer. */
-    unsigned peers;
+    unsigned peers; /* in BALANCE_PEER_UNITs: a draining peer counts for the share it uses */
     int64_t peers_seen_ms;
     char peers_key[300];
     struct event *drain_timer;
@@ -2397,7 +2397,8 @@ static void set_peers(struct proxy *px, unsigned peers, const char *why)
 {
     if (peers == px->peers)
         return;
-    LOG_INFO("peers_changed", "peers=%u was=%u reason=%s", peers, px->peers, why);
+    LOG_INFO("peers_changed", "peers=%g was=%g reason=%s", (double)peers / BALANCE_PEER_UNIT,
+             (double)px->peers / BALANCE_PEER_UNIT, why);
     bool wider = peers < px->peers;
     px->peers = peers;
     for (size_t i = 0; i < px->nmodels; i++) {
@@ -2413,11 +2414,50 @@ static void set_peers(struct proxy *px, unsigned peers, const char *why)
     }
 }
 
-static void on_peers(void *ud, long long peers)
+static void on_peers(void *ud, long long peers_milli)
 {
     struct proxy *px = ud;
     px->peers_seen_ms = now_ms();
-    set_peers(px, peers > 100000 ? 100000 : (unsigned)peers, "counted");
+    /* A draining activator keeps the share it had: the count now weighs it
+     * by what it uses, which would widen its own share past that. */
+    if (px->draining)
+        return;
+    /* Never below this activator itself (a peer's weight may lag a beat). */
+    long long floor = BALANCE_PEER_UNIT;
+    long long cap = 100000LL * BALANCE_PEER_UNIT;
+    set_peers(px, (unsigned)(peers_milli < floor ? floor : peers_milli > cap ? cap : peers_milli),
+              "counted");
+}
+
+/* What a draining activator still uses of its share, in thousandths of a
+ * peer: the most any endpoint of a split model carries from it (held and
+ * queued requests counted as if already there), over that model's share.
+ * Live activators count it for that much, so their shares widen as its
+ * requests end instead of only once it is gone. */
+static unsigned model_share_used(const struct model_rt *m)
+{
+    if (!m->mc->split_concurrency || m->mc->max_concurrency_per_endpoint <= 0)
+        return 0; /* nobody's share */
+    uint64_t used = (uint64_t)backend_max_outstanding(m->be) + m->hq.count;
+    uint64_t share = backend_cap(m->be);
+    uint64_t w = share ? (used * BALANCE_PEER_UNIT + share - 1) / share : 0;
+    return w > BALANCE_PEER_UNIT ? BALANCE_PEER_UNIT : (unsigned)w;
+}
+
+static unsigned peer_weight(const struct proxy *px)
+{
+    if (!px->draining)
+        return BALANCE_PEER_UNIT;
+    unsigned most = 0;
+    for (size_t i = 0; i < px->nmodels; i++) {
+        unsigned w = model_share_used(px->models[i]);
+        most = w > most ? w : most;
+    }
+    for (const struct model_rt *m = px->removed; m; m = m->next_removed) {
+        unsigned w = model_share_used(m);
+        most = w > most ? w : most;
+    }
+    return most;
 }
 
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
@@ -2436,14 +2476,14 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     /* Redis gone or silent: each activator takes the whole cap again. A
      * backend then may see up to peers x its cap (it queues the excess
      * itself), which is better than endpoints idle behind a stale split. */
-    if (px->peers > 1 && now - px->peers_seen_ms > PEERS_TTL_MS)
-        set_peers(px, 1, "no_recent_count");
+    if (px->peers > BALANCE_PEER_UNIT && !px->draining && now - px->peers_seen_ms > PEERS_TTL_MS)
+        set_peers(px, BALANCE_PEER_UNIT, "no_recent_count");
     if (now - px->last_redis_ms >= REDIS_REFRESH_MS) {
         px->last_redis_ms = now;
-        /* Also while draining: its requests still use its share until they
-         * end (it leaves the set when drained, and stays out). */
+        /* Also while draining, weighted by the part of its share its
+         * requests still use (it leaves the set when drained, and stays out). */
         if (px->redis && redis_link_up(px->redis) && !px->drain_done_called)
-            redis_link_heartbeat(px->redis, px->peers_key, PEERS_TTL_MS);
+            redis_link_heartbeat(px->redis, px->peers_key, PEERS_TTL_MS, peer_weight(px));
         for (size_t i = 0; i < px->nmodels; i++) {
             struct model_rt *m = px->models[i];
             /* A wake that could not be sent still matters while the model
@@ -2560,7 +2600,7 @@ struct proxy *proxy_new(struct event_base *base, struct config *cfg, const char 
     px->base = base;
     px->cfg = cfg;
     px->port = -1;
-    px->peers = 1;
+    px->peers = BALANCE_PEER_UNIT;
     if (dns_server && !(px->dns_server = thaw_strdup(dns_server))) {
         snprintf(err, errlen, "out of memory");
         proxy_free(px);
@@ -3146,8 +3186,9 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
     }
     expo_family(out, "thaw_activator_peers", "gauge",
                 "Live activators (this one included) sharing each endpoint's "
-                "maxConcurrencyPerEndpoint, counted in Redis; 1 without a count in the last 5 s.");
-    expo_sample(out, "thaw_activator_peers", NULL, (double)px->peers);
+                "maxConcurrencyPerEndpoint, counted in Redis (a draining one for the part of its "
+                "share it still uses); 1 without a count in the last 5 s.");
+    expo_sample(out, "thaw_activator_peers", NULL, (double)px->peers / BALANCE_PEER_UNIT);
     expo_family(out, "thaw_activator_redis_commands_total", "counter", "Redis commands sent.");
     expo_sample(out, "thaw_activator_redis_commands_total", NULL, (double)rs.commands);
     expo_family(out, "thaw_activator_redis_failures_total", "counter",
@@ -3184,7 +3225,8 @@ json_t *proxy_models_json(struct proxy *px)
             return NULL;
         }
     }
-    json_t *root = json_pack("{s:o,s:b,s:b,s:I}", "models", arr, "draining", px->draining,
-                             "redis", redis_link_up(px->redis), "peers", (json_int_t)px->peers);
+    json_t *root = json_pack("{s:o,s:b,s:b,s:f}", "models", arr, "draining", px->draining,
+                             "redis", redis_link_up(px->redis), "peers",
+                             (double)px->peers / BALANCE_PEER_UNIT);
     return root;
 }

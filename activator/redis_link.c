@@ -201,7 +201,7 @@ static void on_peers_reply(redisAsyncContext *ac, void *r, void *priv)
     redisReply *reply = r;
     if (!l || !account_reply(l, reply) || !l->peers_cb)
         return;
-    if (reply->type != REDIS_REPLY_INTEGER || reply->integer < 1) {
+    if (reply->type != REDIS_REPLY_INTEGER || reply->integer < 0) {
         l->stats.failures++;
         LOG_WARN("redis_reply_unexpected", "command=peers type=%d", reply->type);
         return;
@@ -408,7 +408,9 @@ void redis_link_set_peers_cb(struct redis_link *l, redis_link_peers_cb cb, void 
 }
 
 /* Redis's clock, not ours: activators on different nodes agree on who is
- * live however their clocks drift. The key expires with its last member. */
+ * live however their clocks drift. The keys expire with their last member.
+ * A member without a weight (an activator from before weights, which runs
+ * its own script and answers ZCARD) counts whole, as it counts itself. */
 static const char peers_script[] =
     /* Before Redis 5 a script that read TIME could not write after it
      * unless it asked for effects replication; from 5 on this is a no-op. */
@@ -418,21 +420,50 @@ static const char peers_script[] =
     "local ttl = tonumber(ARGV[2]) "
     "redis.call('ZADD', KEYS[1], now, ARGV[1]) "
     "redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - ttl) "
+    "redis.call('HSET', KEYS[2], ARGV[1], ARGV[3]) "
+    "local live, sum = {}, 0 "
+    "for _, m in ipairs(redis.call('ZRANGE', KEYS[1], 0, -1)) do "
+    "  live[m] = true "
+    "  local w = tonumber(redis.call('HGET', KEYS[2], m) or '') "
+    "  if w == nil or w ~= w or w > 1000 then w = 1000 elseif w < 0 then w = 0 end "
+    "  sum = sum + math.floor(w) "
+    "end "
+    "for _, m in ipairs(redis.call('HKEYS', KEYS[2])) do "
+    "  if not live[m] then redis.call('HDEL', KEYS[2], m) end "
+    "end "
     "redis.call('PEXPIRE', KEYS[1], ttl * 2) "
-    "return redis.call('ZCARD', KEYS[1])";
+    "redis.call('PEXPIRE', KEYS[2], ttl * 2) "
+    "return sum";
 
-int redis_link_heartbeat(struct redis_link *l, const char *key, long ttl_ms)
+/* key:w, the weights' hash; false if it does not fit. */
+static bool weights_key(char *out, size_t len, const char *key)
 {
-    char ttl[24];
+    int n = snprintf(out, len, "%s:w", key);
+    return n > 0 && (size_t)n < len;
+}
+
+int redis_link_heartbeat(struct redis_link *l, const char *key, long ttl_ms,
+                         unsigned weight_milli)
+{
+    char ttl[24], weight[16], wkey[512];
+    if (!weights_key(wkey, sizeof(wkey), key))
+        return -1;
     snprintf(ttl, sizeof(ttl), "%ld", ttl_ms);
-    const char *argv[] = {"EVAL", peers_script, "1", key, l->instance_id, ttl};
-    return send_cmd_to(l, on_peers_reply, 6, argv);
+    snprintf(weight, sizeof(weight), "%u", weight_milli > 1000 ? 1000u : weight_milli);
+    const char *argv[] = {"EVAL", peers_script, "2", key, wkey, l->instance_id, ttl, weight};
+    return send_cmd_to(l, on_peers_reply, 8, argv);
 }
 
 int redis_link_leave(struct redis_link *l, const char *key)
 {
+    char wkey[512];
+    if (!weights_key(wkey, sizeof(wkey), key))
+        return -1;
     const char *argv[] = {"ZREM", key, l->instance_id};
-    return send_cmd(l, 3, argv);
+    const char *hargv[] = {"HDEL", wkey, l->instance_id};
+    if (send_cmd(l, 3, argv) < 0)
+        return -1;
+    return send_cmd(l, 3, hargv);
 }
 
 void redis_link_get_stats(const struct redis_link *l, struct redis_link_stats *out)

@@ -6,12 +6,19 @@
  *                                                      every second while the hold queue is
  *                                                      not empty
  *   HDEL thaw:held:<model> <instance-id>               when the hold queue is empty
- *   EVAL <script> 1 thaw:activators:<group> <instance-id> <ttl-ms>
- *                                                      every second: ZADD this instance
+ *   EVAL <script> 2 thaw:activators:<group> thaw:activators:<group>:w
+ *        <instance-id> <ttl-ms> <weight>               every second: ZADD this instance
  *                                                      at Redis's TIME, drop members
- *                                                      older than ttl-ms, PEXPIRE the key
- *                                                      2 ttl, reply ZCARD (the live peers)
- *   ZREM thaw:activators:<group> <instance-id>         once drained
+ *                                                      older than ttl-ms, HSET its weight
+ *                                                      (thousandths of a peer: 1000 live,
+ *                                                      the share still used while
+ *                                                      draining), drop the weights of
+ *                                                      members gone, PEXPIRE both keys
+ *                                                      2 ttl, reply the live members'
+ *                                                      weights summed (1000 for a member
+ *                                                      without one: an older activator)
+ *   ZREM thaw:activators:<group> <instance-id>,
+ *   HDEL thaw:activators:<group>:w <instance-id>       once drained
  *
  * held counts requests waiting because the model has no ready replica (the
  * scaler wakes the model); queued counts requests waiting while the model is
@@ -69,16 +76,19 @@ int redis_link_wake(struct redis_link *l, const char *model);
 int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t queued,
                     size_t inflight, int64_t late_after_ms, int64_t unix_ms);
 
-/* Called with the live activators counted by a heartbeat (>= 1). */
-typedef void (*redis_link_peers_cb)(void *ud, long long peers);
+/* Called with the live activators counted by a heartbeat, in thousandths
+ * of a peer (each weighted; >= 0). */
+typedef void (*redis_link_peers_cb)(void *ud, long long peers_milli);
 void redis_link_set_peers_cb(struct redis_link *l, redis_link_peers_cb cb, void *ud);
 
-/* Counts this instance live in the sorted set key for ttl_ms and asks how
- * many members are; the answer goes to the peers callback. Returns 0 if
- * sent, -1 if the link is down. */
-int redis_link_heartbeat(struct redis_link *l, const char *key, long ttl_ms);
-/* Removes this instance from key (draining: peers widen their share now,
- * not a TTL later). Returns 0 if sent, -1 if the link is down. */
+/* Counts this instance live in the sorted set key for ttl_ms with weight
+ * weight_milli (0-1000; its weights live in key:w) and asks for the live
+ * members' weights summed; the answer goes to the peers callback. Returns 0
+ * if sent, -1 if the link is down. */
+int redis_link_heartbeat(struct redis_link *l, const char *key, long ttl_ms,
+                         unsigned weight_milli);
+/* Removes this instance and its weight from key (drained: peers widen their
+ * share now, not a TTL later). Returns 0 if sent, -1 if the link is down. */
 int redis_link_leave(struct redis_link *l, const char *key);
 
 void redis_link_get_stats(const struct redis_link *l, struct redis_link_stats *out);

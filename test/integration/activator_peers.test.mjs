@@ -77,6 +77,16 @@ test('two activators split the cap: vLLM never gets more than its batch; the spl
     assert.equal(parseMetrics(await a.metricsText()).get('thaw_activator_peers'), 2);
     const members = (await redis.cli('ZRANGE', 'thaw:activators:default', '0', '-1')).split('\n');
     assert.deepEqual(members.sort(), ['act-a', 'act-b']);
+    // A member without a weight (an activator from before weights) counts
+    // whole; a member stamped more than 5 s ago is gone, weight and all.
+    const [sec, usec] = (await redis.cli('TIME')).split('\n').map(Number);
+    const nowMs = sec * 1000 + Math.floor(usec / 1000);
+    await redis.cli('ZADD', 'thaw:activators:default', String(nowMs), 'act-old');
+    await waitUntil(async () => (await peersOf(a)) === 3, 3000, { what: 'the unweighted member counted whole' });
+    await redis.cli('ZADD', 'thaw:activators:default', String(nowMs - 60000), 'act-old');
+    await redis.cli('HSET', 'thaw:activators:default:w', 'act-old', '1000');
+    await waitUntil(async () => (await peersOf(a)) === 2, 3000, { what: 'the stale member dropped' });
+    assert.equal(await redis.cli('HEXISTS', 'thaw:activators:default:w', 'act-old'), '0');
 
     // 8 at once through each: each sends 2, queues the rest; vLLM runs 4 and
     // queues none.
@@ -98,28 +108,44 @@ test('two activators split the cap: vLLM never gets more than its batch; the spl
 
     // Split on again, with a model added by the reload: it gets the share too.
     a.writeConfig(config(true, ['m1', 'm1-alias']));
+    b.writeConfig(config(true));
     a.proc.proc.kill('SIGHUP');
-    await waitUntil(async () => (await a.model('m1')).capPerEndpoint === CAP / 2, 5000,
-      { what: 'split on again' });
+    b.proc.proc.kill('SIGHUP');
+    await waitUntil(async () => (await a.model('m1')).capPerEndpoint === CAP / 2 &&
+      (await b.model('m1')).capPerEndpoint === CAP / 2, 5000, { what: 'split on again' });
     assert.equal((await a.model('m1-alias')).capPerEndpoint, CAP / 2);
 
-    // A draining peer keeps its share while its requests run (its requests
-    // and the other's together stay within the batch), then leaves at once:
-    // the other takes the whole cap within a heartbeat, not a TTL later.
-    // (8 s requests: the drain outlasts the 5 s a silent member stays counted.)
-    const running = [complete(b.port, 'm1', { maxTokens: 80 }), complete(b.port, 'm1', { maxTokens: 80 })];
-    await waitUntil(async () => (await vllmLoad()).running === 2, 3000, { what: 'two running via b' });
+    // A draining peer counts for the part of its share its requests still
+    // use (its requests and the other's together stay within the batch):
+    // b, running 1 of its 2, counts half, so a's share is ceil(4 / 1.5) = 3
+    // while b drains. Once drained b leaves at once: a takes the whole cap
+    // within a heartbeat, not a TTL later. (8 s requests: the drain outlasts
+    // the 5 s a silent member stays counted.)
+    const running = complete(b.port, 'm1', { maxTokens: 80 });
+    await waitUntil(async () => (await vllmLoad()).running === 1, 3000, { what: 'one running via b' });
     const stopping = b.stop('SIGTERM', 20000);
+    const stoppedAt = Date.now();
     bStopped = true;
-    await sleep(6500);
-    assert.equal((await a.model('m1')).capPerEndpoint, CAP / 2, 'b still counted while it drains');
-    assert.deepEqual((await Promise.all(running)).map((r) => r.status), [200, 200]);
+    await waitUntil(async () => (await a.model('m1')).capPerEndpoint === 3, 3000,
+      { what: "a's share widened to 3 while b drains" });
+    assert.equal(await peersOf(a), 1.5);
+    assert.equal(await redis.cli('HGET', 'thaw:activators:default:w', 'act-b'), '500');
+    assert.equal(await redis.cli('HGET', 'thaw:activators:default:w', 'act-a'), '1000');
+    // a's 3 and b's 1: vLLM runs its whole batch and queues nothing.
+    const mixed = await burst([a], 6);
+    assert.equal(mixed.peakWaiting, 0, `vLLM queued requests behind its batch: ${JSON.stringify(mixed)}`);
+    assert.equal(mixed.peakRunning, CAP, JSON.stringify(mixed));
+    await sleep(Math.max(0, 6500 - (Date.now() - stoppedAt)));
+    assert.equal(await peersOf(a), 1.5, 'b still counted, for half, while it drains');
+    assert.equal((await running).status, 200);
     await stopping;
     const t0 = Date.now();
     await waitUntil(async () => (await a.model('m1')).capPerEndpoint === CAP, 3000,
       { what: 'whole cap after the peer left' });
     assert.ok(Date.now() - t0 < 3000);
-    assert.match(a.proc.output(), /event=peers_changed peers=1 was=2 reason=counted/);
+    assert.match(a.proc.output(), /event=peers_changed peers=1.5 was=2 reason=counted/);
+    assert.match(a.proc.output(), /event=peers_changed peers=1 was=1.5 reason=counted/);
+    assert.equal(await redis.cli('HEXISTS', 'thaw:activators:default:w', 'act-b'), '0', 'its weight left with it');
   } finally {
     if (!bStopped) await b.stop();
     await a.stop();

@@ -59,19 +59,39 @@ static void test_spread(void **state)
     assert_int_equal(balance_pick(eps, 4, 2, &rr), -1);
 }
 
-/* A cap shared by peers: each takes the ceiling of its part, never 0. */
+/* A cap shared by peers (in thousandths): each takes the ceiling of its
+ * part, never 0. */
 static void test_share(void **state)
 {
     (void)state;
-    assert_int_equal(balance_share(64, 1), 64);
+    const unsigned u = BALANCE_PEER_UNIT;
+    assert_int_equal(balance_share(64, 1 * u), 64);
     assert_int_equal(balance_share(64, 0), 64);
-    assert_int_equal(balance_share(64, 2), 32);
-    assert_int_equal(balance_share(64, 3), 22);
-    assert_int_equal(balance_share(5, 2), 3);
-    assert_int_equal(balance_share(4, 4), 1);
-    assert_int_equal(balance_share(2, 7), 1);
-    assert_int_equal(balance_share(0, 3), 0); /* no cap stays no cap */
-    assert_int_equal(balance_share(4000000000u, 3), 1333333334u);
+    assert_int_equal(balance_share(64, 999), 64); /* under one peer: still the whole cap */
+    assert_int_equal(balance_share(64, 2 * u), 32);
+    assert_int_equal(balance_share(64, 3 * u), 22);
+    assert_int_equal(balance_share(5, 2 * u), 3);
+    assert_int_equal(balance_share(4, 4 * u), 1);
+    assert_int_equal(balance_share(2, 7 * u), 1);
+    assert_int_equal(balance_share(0, 3 * u), 0); /* no cap stays no cap */
+    assert_int_equal(balance_share(4000000000u, 3 * u), 1333333334u);
+    /* A draining peer using half its share: 4 / 1.5, and 64 / 2.1. */
+    assert_int_equal(balance_share(4, 1500), 3);
+    assert_int_equal(balance_share(64, 2100), 31);
+    assert_int_equal(balance_share(64, 2001), 32);
+    /* The shares and what a draining peer still uses stay within the cap:
+     * L live at ceil(cap / (L + w)) and one at w of its old ceil(cap / (L + 1)),
+     * give or take the L slots the ceilings round up. */
+    for (unsigned cap = 1; cap <= 128; cap++) {
+        for (unsigned live = 1; live <= 6; live++) {
+            unsigned old = balance_share(cap, (live + 1) * u);
+            for (unsigned used = 0; used <= old; used++) {
+                unsigned w = (used * u + old - 1) / old;
+                unsigned total = live * balance_share(cap, live * u + w) + used;
+                assert_true(total <= cap + live);
+            }
+        }
+    }
 }
 
 /* IP literals (v4, v6 without brackets) become socket addresses; names do not. */
