@@ -218,6 +218,11 @@ struct proxy {
      * included), counted in Redis; 1 without a recent answer. */
     unsigned peers; /* in BALANCE_PEER_UNITs: a draining peer counts for the share it uses */
     int64_t peers_seen_ms;
+    /* Draining: the weight the last heartbeat carried, and the peers counted
+     * by the last reply with this activator as a whole one again (0: no
+     * count since the drain began, or the one before it was stale). */
+    unsigned weight_sent;
+    unsigned peers_as_live;
     char peers_key[300];
     struct event *drain_timer;
     bool draining;
@@ -2414,33 +2419,50 @@ static void set_peers(struct proxy *px, unsigned peers, const char *why)
     }
 }
 
+static unsigned clamp_peers(long long peers_milli)
+{
+    /* Never below this activator itself (a peer's weight may lag a beat). */
+    long long floor = BALANCE_PEER_UNIT, cap = 100000LL * BALANCE_PEER_UNIT;
+    return (unsigned)(peers_milli < floor ? floor : peers_milli > cap ? cap : peers_milli);
+}
+
 static void on_peers(void *ud, long long peers_milli)
 {
     struct proxy *px = ud;
     px->peers_seen_ms = now_ms();
-    /* A draining activator keeps the share it had: the count now weighs it
-     * by what it uses, which would widen its own share past that. */
-    if (px->draining)
+    if (!px->draining) {
+        set_peers(px, clamp_peers(peers_milli), "counted");
         return;
-    /* Never below this activator itself (a peer's weight may lag a beat). */
-    long long floor = BALANCE_PEER_UNIT;
-    long long cap = 100000LL * BALANCE_PEER_UNIT;
-    set_peers(px, (unsigned)(peers_milli < floor ? floor : peers_milli > cap ? cap : peers_milli),
-              "counted");
+    }
+    /* Draining: the count weighs this activator by what it uses. Counted
+     * whole instead, it is what its share would be as a live peer: the
+     * weight is measured against that, and its own share may narrow to it
+     * (peers came, or it began draining with a stale whole cap) but never
+     * widens (which could put its queued requests past what the others
+     * were told it uses). */
+    unsigned as_live = clamp_peers(peers_milli - (long long)px->weight_sent + BALANCE_PEER_UNIT);
+    px->peers_as_live = as_live;
+    if (as_live > px->peers)
+        set_peers(px, as_live, "counted");
 }
 
-/* What a draining activator still uses of its share, in thousandths of a
- * peer: the most any endpoint of a split model carries from it (held and
- * queued requests counted as if already there), over that model's share.
- * Live activators count it for that much, so their shares widen as its
- * requests end instead of only once it is gone. */
-static unsigned model_share_used(const struct model_rt *m)
+/* What a draining activator still uses of a live peer's share, in
+ * thousandths of a peer: the most any endpoint of a split model carries from
+ * it (held, queued and fallback requests counted as if already there: they
+ * may come back to the model) over the share it would have as a live peer
+ * now. Live activators count it for that much, so their shares widen as its
+ * requests end instead of only once it is gone. Whole until a count says
+ * what a live peer's share is. */
+static unsigned model_share_used(const struct proxy *px, const struct model_rt *m)
 {
     if (!m->mc->split_concurrency || m->mc->max_concurrency_per_endpoint <= 0)
         return 0; /* nobody's share */
-    uint64_t used = (uint64_t)backend_max_outstanding(m->be) + m->hq.count;
-    uint64_t share = backend_cap(m->be);
-    uint64_t w = share ? (used * BALANCE_PEER_UNIT + share - 1) / share : 0;
+    if (!px->peers_as_live)
+        return BALANCE_PEER_UNIT;
+    uint64_t used =
+        (uint64_t)backend_max_outstanding(m->be) + m->hq.count + m->fallback_inflight;
+    uint64_t share = balance_share((unsigned)m->mc->max_concurrency_per_endpoint, px->peers_as_live);
+    uint64_t w = share ? (used * BALANCE_PEER_UNIT + share - 1) / share : BALANCE_PEER_UNIT;
     return w > BALANCE_PEER_UNIT ? BALANCE_PEER_UNIT : (unsigned)w;
 }
 
@@ -2450,11 +2472,11 @@ static unsigned peer_weight(const struct proxy *px)
         return BALANCE_PEER_UNIT;
     unsigned most = 0;
     for (size_t i = 0; i < px->nmodels; i++) {
-        unsigned w = model_share_used(px->models[i]);
+        unsigned w = model_share_used(px, px->models[i]);
         most = w > most ? w : most;
     }
     for (const struct model_rt *m = px->removed; m; m = m->next_removed) {
-        unsigned w = model_share_used(m);
+        unsigned w = model_share_used(px, m);
         most = w > most ? w : most;
     }
     return most;
@@ -2482,8 +2504,10 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
         px->last_redis_ms = now;
         /* Also while draining, weighted by the part of its share its
          * requests still use (it leaves the set when drained, and stays out). */
-        if (px->redis && redis_link_up(px->redis) && !px->drain_done_called)
-            redis_link_heartbeat(px->redis, px->peers_key, PEERS_TTL_MS, peer_weight(px));
+        if (px->redis && redis_link_up(px->redis) && !px->drain_done_called) {
+            px->weight_sent = peer_weight(px);
+            redis_link_heartbeat(px->redis, px->peers_key, PEERS_TTL_MS, px->weight_sent);
+        }
         for (size_t i = 0; i < px->nmodels; i++) {
             struct model_rt *m = px->models[i];
             /* A wake that could not be sent still matters while the model
@@ -2890,6 +2914,8 @@ void proxy_drain(struct proxy *px, void (*done)(void *ud), void *ud)
     if (px->draining)
         return;
     px->draining = true;
+    /* The live count it had, if fresh, says what a live peer's share is. */
+    px->peers_as_live = now_ms() - px->peers_seen_ms <= PEERS_TTL_MS ? px->peers : 0;
     px->drain_done = done;
     px->drain_ud = ud;
     /* Closed before the log line, so whoever reads "draining" can rely on
@@ -3187,7 +3213,8 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
     expo_family(out, "thaw_activator_peers", "gauge",
                 "Live activators (this one included) sharing each endpoint's "
                 "maxConcurrencyPerEndpoint, counted in Redis (a draining one for the part of its "
-                "share it still uses); 1 without a count in the last 5 s.");
+                "share it still uses); 1 without a count in the last 5 s (a draining one keeps "
+                "its share).");
     expo_sample(out, "thaw_activator_peers", NULL, (double)px->peers / BALANCE_PEER_UNIT);
     expo_family(out, "thaw_activator_redis_commands_total", "counter", "Redis commands sent.");
     expo_sample(out, "thaw_activator_redis_commands_total", NULL, (double)rs.commands);

@@ -83,8 +83,10 @@ test('two activators split the cap: vLLM never gets more than its batch; the spl
     const nowMs = sec * 1000 + Math.floor(usec / 1000);
     await redis.cli('ZADD', 'thaw:activators:default', String(nowMs), 'act-old');
     await waitUntil(async () => (await peersOf(a)) === 3, 3000, { what: 'the unweighted member counted whole' });
-    await redis.cli('ZADD', 'thaw:activators:default', String(nowMs - 60000), 'act-old');
+    // Weight first: a heartbeat between the two calls must not drop the
+    // member before its weight exists.
     await redis.cli('HSET', 'thaw:activators:default:w', 'act-old', '1000');
+    await redis.cli('ZADD', 'thaw:activators:default', String(nowMs - 60000), 'act-old');
     await waitUntil(async () => (await peersOf(a)) === 2, 3000, { what: 'the stale member dropped' });
     assert.equal(await redis.cli('HEXISTS', 'thaw:activators:default:w', 'act-old'), '0');
 
@@ -177,5 +179,40 @@ test('Redis gone: after 5 s without a count each activator takes the whole cap a
     await b.stop();
     await a.stop();
     await redis.restart();
+  }
+});
+
+test('a drain that begins without a count (Redis down): the drainer counts whole until a count says what a live share is, and its own share narrows', async () => {
+  const a = await startActivator(config(true), { redisUrl: redis.url, instanceId: 'act-e' });
+  const b = await startActivator(config(true), { redisUrl: redis.url, instanceId: 'act-f' });
+  let bStopped = false;
+  try {
+    assert.equal((await complete(a.port, 'm1')).status, 200);
+    assert.equal((await complete(b.port, 'm1')).status, 200);
+    await waitUntil(async () => (await peersOf(a)) === 2 && (await peersOf(b)) === 2, 5000, { what: 'two peers' });
+    await redis.stop();
+    await waitUntil(async () => (await b.model('m1')).capPerEndpoint === CAP && (await a.model('m1')).capPerEndpoint === CAP,
+      9000, { what: 'both take the whole cap without a count' });
+    // b runs 2 (8 s each) on its whole cap, then drains; Redis comes back.
+    const running = [complete(b.port, 'm1', { maxTokens: 80 }), complete(b.port, 'm1', { maxTokens: 80 })];
+    await waitUntil(async () => (await vllmLoad()).running === 2, 3000, { what: 'two running via b' });
+    const stopping = b.stop('SIGTERM', 20000);
+    bStopped = true;
+    await redis.restart();
+    // Measured against its stale whole cap, b's 2 would weigh half and a
+    // would take 3: 5 on a batch of 4. Counted as a live peer's share (2),
+    // they are all of it.
+    await waitUntil(async () => (await peersOf(a)) === 2, 5000, { what: 'a counts b whole' });
+    const mixed = await burst([a], 6);
+    assert.equal(mixed.peakWaiting, 0, `vLLM queued requests behind its batch: ${JSON.stringify(mixed)}`);
+    assert.ok(mixed.peak <= CAP, JSON.stringify(mixed));
+    assert.equal(await redis.cli('HGET', 'thaw:activators:default:w', 'act-f'), '1000');
+    assert.match(b.proc.output(), /event=peers_changed peers=2 was=1 reason=counted/);
+    assert.deepEqual((await Promise.all(running)).map((r) => r.status), [200, 200]);
+    await stopping;
+    await waitUntil(async () => (await a.model('m1')).capPerEndpoint === CAP, 3000, { what: 'whole cap after b left' });
+  } finally {
+    if (!bStopped) await b.stop();
+    await a.stop();
   }
 });
