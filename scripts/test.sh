@@ -6,10 +6,15 @@
 #   3. the unit suite under valgrind (`valgrind` test setup);
 #   4. a fuzz smoke: every libFuzzer target (clang, build-fuzz) for a few
 #      seconds, seeded from the committed corpus (scripts/fuzz.sh).
+# Steps 1 and 2 run side by side: the integration tests spend most of their
+# time waiting on timers (refreshes, scrapes, cold starts), not on the CPU, and
+# every peer they start takes a port reserved across processes (freePort() in
+# test/integration/lib/harness.mjs). Their lines are prefixed [normal] / [asan].
 # Exits non-zero if anything fails. Bounded: meson's per-test timeouts apply.
 #
 # Environment:
 #   THAW_TEST_QUICK=1     only step 1 (for a fast local loop)
+#   THAW_TEST_SERIAL=1    steps 1 and 2 one after the other (to rule out load)
 #   THAW_FUZZ_SECONDS=N   seconds per fuzz target in step 4 (default 8)
 set -euo pipefail
 
@@ -30,14 +35,38 @@ setup() { # dir [meson options...]
 }
 
 start=$(date +%s)
-log "normal build: unit and integration suites"
-setup build
-meson test -C build --print-errorlogs --num-processes 2
+suite() { # dir [meson test options...]
+  local dir=$1; shift
+  meson test -C "$dir" --print-errorlogs --num-processes 2 "$@"
+}
 
-if [ "${THAW_TEST_QUICK:-0}" != 1 ]; then
-  log "ASan+UBSan build: unit and integration suites"
+if [ "${THAW_TEST_QUICK:-0}" = 1 ]; then
+  log "normal build: unit and integration suites"
+  setup build
+  suite build
+else
+  log "building: normal and ASan+UBSan"
+  setup build
   setup build-asan -Db_sanitize=address,undefined -Db_lundef=false --buildtype=debug
-  meson test -C build-asan --setup asan --print-errorlogs --num-processes 2
+  if [ "${THAW_TEST_SERIAL:-0}" = 1 ]; then
+    log "normal build: unit and integration suites"
+    suite build
+    log "ASan+UBSan build: unit and integration suites"
+    suite build-asan --setup asan
+  else
+    log "normal and ASan+UBSan builds side by side: unit and integration suites"
+    # sed -u keeps each line whole and in time; pipefail gives meson's status.
+    ( suite build 2>&1 | sed -u 's/^/[normal] /' ) & normal_pid=$!
+    ( suite build-asan --setup asan 2>&1 | sed -u 's/^/[asan] /' ) & asan_pid=$!
+    normal_rc=0; asan_rc=0
+    wait "$normal_pid" || normal_rc=$?
+    wait "$asan_pid" || asan_rc=$?
+    if [ "$normal_rc" != 0 ] || [ "$asan_rc" != 0 ]; then
+      log "failed: normal build exit $normal_rc, ASan+UBSan build exit $asan_rc" \
+          "(logs: build/meson-logs/testlog.txt, build-asan/meson-logs/testlog-asan.txt)"
+      exit 1
+    fi
+  fi
 
   log "valgrind: unit suite"
   meson test -C build --setup valgrind --suite unit --print-errorlogs --num-processes 2
