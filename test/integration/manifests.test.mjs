@@ -64,7 +64,8 @@ test('kustomize: the base, monitoring and example kustomizations build', () => {
   for (const want of ['Deployment/thaw-scaler', 'Service/thaw-scaler', 'ConfigMap/thaw-scaler',
     'Deployment/thaw-activator', 'Service/thaw-activator', 'ConfigMap/thaw-activator',
     'Deployment/thaw-redis', 'Service/thaw-redis',
-    'PodDisruptionBudget/thaw-scaler', 'PodDisruptionBudget/thaw-activator']) {
+    'PodDisruptionBudget/thaw-scaler', 'PodDisruptionBudget/thaw-activator',
+    'HorizontalPodAutoscaler/thaw-activator']) {
     assert.ok(kinds(built.base).includes(want), `base lacks ${want}`);
   }
   for (const want of ['ServiceMonitor/thaw-scaler', 'ServiceMonitor/thaw-activator',
@@ -122,7 +123,8 @@ test('schemas: every object validates against its Kubernetes, KEDA or prometheus
   for (const want of ['apps/v1 Deployment', 'v1 Service', 'v1 ConfigMap', 'policy/v1 PodDisruptionBudget',
     'keda.sh/v1alpha1 ScaledObject', 'keda.sh/v1alpha1 TriggerAuthentication',
     'monitoring.coreos.com/v1 ServiceMonitor', 'monitoring.coreos.com/v1 PodMonitor',
-    'monitoring.coreos.com/v1 PrometheusRule', 'networking.k8s.io/v1 NetworkPolicy']) {
+    'monitoring.coreos.com/v1 PrometheusRule', 'networking.k8s.io/v1 NetworkPolicy',
+    'autoscaling/v2 HorizontalPodAutoscaler']) {
     assert.ok(kinds.has(want), `no ${want} was validated`);
   }
 });
@@ -185,6 +187,28 @@ test('refs: Deployments: selectors, security, resources, service account tokens'
     assert.equal(c[probe]?.grpc?.port, grpcPort, `thaw-scaler ${probe} is a gRPC probe on the gRPC port`);
   }
   assert.deepEqual(c.args, ['--config', '/etc/thaw/scaler.json']);
+  // The activator autoscales on its CPU: the HPA's target exists and leaves
+  // its replicas to it (an apply would otherwise reset them), every container
+  // has a CPU request (a Utilization target needs one), and the minimum stays
+  // above what the PodDisruptionBudget lets a drain take down.
+  for (const [label, objs] of [['base', built.base], ['example', all]]) {
+    const hpa = objs.find((o) => o.kind === 'HorizontalPodAutoscaler' && o.metadata.name === 'thaw-activator');
+    assert.ok(hpa, `${label}: the activator's HorizontalPodAutoscaler`);
+    const ref = hpa.spec.scaleTargetRef;
+    const target = objs.find((o) => o.apiVersion === ref.apiVersion && o.kind === ref.kind &&
+      o.metadata.name === ref.name && o.metadata.namespace === hpa.metadata.namespace);
+    assert.ok(target, `${label}: the HPA's target ${ref.kind}/${ref.name} is not in the build`);
+    assert.equal(target.metadata.name, 'thaw-activator');
+    assert.equal(target.spec.replicas, undefined, `${label}: the HPA's Deployment must leave replicas to it`);
+    for (const ctr of target.spec.template.spec.containers) {
+      assert.ok(ctr.resources?.requests?.cpu, `${label}/${ctr.name}: no CPU request for the HPA's utilisation`);
+    }
+    assert.ok(hpa.spec.metrics.some((m) => m.type === 'Resource' && m.resource.name === 'cpu'), `${label}: scales on CPU`);
+    const pdb = objs.find((o) => o.kind === 'PodDisruptionBudget' && o.metadata.name === 'thaw-activator');
+    assert.ok(hpa.spec.minReplicas > pdb.spec.minAvailable,
+      `${label}: minReplicas ${hpa.spec.minReplicas} must exceed the PDB's minAvailable ${pdb.spec.minAvailable}`);
+    assert.ok(hpa.spec.maxReplicas > hpa.spec.minReplicas, `${label}: room to scale`);
+  }
   // A stopping activator (rollout, node drain) lets held requests wait their
   // whole hold and streams finish: drainTimeoutSeconds covers every
   // holdTimeoutSeconds, and the grace covers preStop + drain + the 5 s hard

@@ -198,6 +198,7 @@ export function buildKustomization(dir) {
 const MODEL_PACKAGES = {
   '': 'kubernetes-models/v1',
   apps: 'kubernetes-models/apps',
+  autoscaling: 'kubernetes-models/autoscaling',
   policy: 'kubernetes-models/policy',
   batch: 'kubernetes-models/batch',
   'networking.k8s.io': 'kubernetes-models/networking.k8s.io',
