@@ -189,8 +189,8 @@ test('refs: Deployments: selectors, security, resources, service account tokens'
   assert.deepEqual(c.args, ['--config', '/etc/thaw/scaler.json']);
   // The activator autoscales on its CPU: the HPA's target exists and leaves
   // its replicas to it (an apply would otherwise reset them), every container
-  // has a CPU request (a Utilization target needs one), and the minimum stays
-  // above what the PodDisruptionBudget lets a drain take down.
+  // has a CPU request (a Utilization target needs one), and a node drain
+  // takes one at a time, leaving at least one of the minimum.
   for (const [label, objs] of [['base', built.base], ['example', all]]) {
     const hpa = objs.find((o) => o.kind === 'HorizontalPodAutoscaler' && o.metadata.name === 'thaw-activator');
     assert.ok(hpa, `${label}: the activator's HorizontalPodAutoscaler`);
@@ -205,8 +205,9 @@ test('refs: Deployments: selectors, security, resources, service account tokens'
     }
     assert.ok(hpa.spec.metrics.some((m) => m.type === 'Resource' && m.resource.name === 'cpu'), `${label}: scales on CPU`);
     const pdb = objs.find((o) => o.kind === 'PodDisruptionBudget' && o.metadata.name === 'thaw-activator');
-    assert.ok(hpa.spec.minReplicas > pdb.spec.minAvailable,
-      `${label}: minReplicas ${hpa.spec.minReplicas} must exceed the PDB's minAvailable ${pdb.spec.minAvailable}`);
+    assert.equal(pdb.spec.maxUnavailable, 1, `${label}: the PDB lets a drain take one activator at a time`);
+    assert.equal(pdb.spec.minAvailable, undefined, `${label}: a PDB has one of minAvailable and maxUnavailable`);
+    assert.ok(hpa.spec.minReplicas >= 2, `${label}: minReplicas ${hpa.spec.minReplicas}: one left during a drain`);
     assert.ok(hpa.spec.maxReplicas > hpa.spec.minReplicas, `${label}: room to scale`);
   }
   // A stopping activator (rollout, node drain) lets held requests wait their
