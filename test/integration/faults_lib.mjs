@@ -7,32 +7,18 @@ import fs from 'node:fs';
 import net from 'node:net';
 
 import { assert, metricSum, sleep, waitUntil } from './activator_lib.mjs';
-import { loadGrpc } from './lib/harness.mjs';
+import { freePort, loadGrpc } from './lib/harness.mjs';
 
 /**
- * A free loopback port below the kernel's ephemeral range, for a server that
- * starts later than its address is handed out (a backend that is down, a
- * scaler restarted on the same port). freePort()'s ephemeral ports can be
- * taken meanwhile as the source port of some outgoing connection (busy
- * machine), or by a connect() to that very port while nothing listens (TCP
- * self-connect: the activator probes a dead backend for seconds).
+ * A free loopback port for a server that starts later than its address is
+ * handed out (a backend that is down, a scaler restarted on the same port):
+ * freePort()'s, which is below the kernel's ephemeral range (no outgoing
+ * connection, nor a connect() to that very port while nothing listens, can
+ * take it meanwhile) and reserved for this process until it exits (no other
+ * test process, such as the ASan suite running beside this one, gets it).
  */
-export async function stablePort() {
-  let low = 32768;
-  try {
-    low = Number(fs.readFileSync('/proc/sys/net/ipv4/ip_local_port_range', 'utf8').trim().split(/\s+/)[0]);
-  } catch { /* the usual default */ }
-  const from = Math.min(20000, low - 1000);
-  for (let i = 0; i < 200; i++) {
-    const port = from + Math.floor(Math.random() * (low - from));
-    const ok = await new Promise((resolve) => {
-      const srv = net.createServer();
-      srv.once('error', () => resolve(false));
-      srv.listen(port, '127.0.0.1', () => srv.close(() => resolve(true)));
-    });
-    if (ok) return port;
-  }
-  throw new Error(`no free port in ${from}..${low - 1}`);
+export function stablePort() {
+  return freePort();
 }
 
 /** VmRSS of pid in KiB (NaN once the process is gone). */

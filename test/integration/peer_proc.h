@@ -25,7 +25,8 @@ extern int peer_checks_failed;
         }                                                                                  \
     } while (0)
 
-/* A TCP port on 127.0.0.1 that was free a moment ago, or -1. */
+/* A TCP port on 127.0.0.1, free now and reserved for this process until it
+ * exits (a lock file shared with the node harness's freePort()), or -1. */
 int peer_free_port(void);
 
 /* Forks and execs bin with argv (argv[0] included, NULL-terminated), stdout
