@@ -56,11 +56,18 @@ else
   else
     log "normal and ASan+UBSan builds side by side: unit and integration suites"
     # sed -u keeps each line whole and in time; pipefail gives meson's status.
+    # Each in its own process group (set -m), which Ctrl-C does not reach: the
+    # trap stops both (meson ends its running tests on SIGTERM), where a
+    # background job of a script would otherwise ignore SIGINT and run on.
+    set -m
     ( suite build 2>&1 | sed -u 's/^/[normal] /' ) & normal_pid=$!
     ( suite build-asan --setup asan 2>&1 | sed -u 's/^/[asan] /' ) & asan_pid=$!
+    set +m
+    trap 'kill -TERM -- -"$normal_pid" -"$asan_pid" 2>/dev/null; log "interrupted"; exit 130' INT TERM
     normal_rc=0; asan_rc=0
     wait "$normal_pid" || normal_rc=$?
     wait "$asan_pid" || asan_rc=$?
+    trap - INT TERM
     if [ "$normal_rc" != 0 ] || [ "$asan_rc" != 0 ]; then
       log "failed: normal build exit $normal_rc, ASan+UBSan build exit $asan_rc" \
           "(logs: build/meson-logs/testlog.txt, build-asan/meson-logs/testlog-asan.txt)"
