@@ -171,6 +171,7 @@ struct model_rt {
     unsigned inflight_peak;
     unsigned inflight_peak_prev;
     uint64_t outcomes[PROXY_OUTCOME_COUNT];
+    bool routed; /* a request was routed here: its failure outcomes are exposed from 0 */
     uint64_t wake_signals; /* PUBLISHes sent */
     uint64_t late_released; /* requests released late (lateAfterSeconds), each once */
     uint64_t wakes;        /* wake actions, sent or not */
@@ -248,6 +249,18 @@ static const char *const outcome_names[PROXY_OUTCOME_COUNT] = {
     "body_timeout", "model_not_found", "hold_full",    "shed",              "draining",
     "hold_timeout", "upstream_timeout", "bad_gateway", "aborted",           "client_closed",
     "internal_error", "send_timeout",   "no_socket",
+};
+
+/* Failures of the activator or the model server. A labelled counter series
+ * that first appears at 1 is missed by rate(), so these are exposed at 0 from
+ * a model's first request on, before one of them can end it (a hold timeout
+ * or an upstream timeout takes seconds at least), not for every configured
+ * model: 10 series per model that has had traffic. */
+static const bool outcome_exposed_from_zero[PROXY_OUTCOME_COUNT] = {
+    [OUT_HOLD_FULL] = true,        [OUT_SHED] = true,         [OUT_HOLD_TIMEOUT] = true,
+    [OUT_UPSTREAM_TIMEOUT] = true, [OUT_BAD_GATEWAY] = true,  [OUT_ABORTED] = true,
+    [OUT_INTERNAL] = true,         [OUT_BODY_TIMEOUT] = true, [OUT_SEND_TIMEOUT] = true,
+    [OUT_NO_SOCKET] = true,
 };
 
 const char *proxy_outcome_to_str(enum proxy_outcome o)
@@ -1737,6 +1750,7 @@ static void route_and_admit(struct req *r)
         return;
     }
     r->m = px->models[idx];
+    r->m->routed = true;
     r->state = RS_DISPATCH;
     model_dispatch(r, MEV_REQUEST);
 }
@@ -3024,7 +3038,7 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
     for (size_t i = 0; i < px->nmodels; i++) {
         const struct model_rt *m = px->models[i];
         for (int o = 0; o < PROXY_OUTCOME_COUNT; o++) {
-            if (m->outcomes[o] == 0 && o != OUT_OK)
+            if (m->outcomes[o] == 0 && o != OUT_OK && !(m->routed && outcome_exposed_from_zero[o]))
                 continue;
             if (expo_labels(labels, sizeof(labels), "model", m->name, "outcome",
                             outcome_names[o], NULL) >= 0)

@@ -155,17 +155,26 @@ test('hold overflow: the excess gets 503 with Retry-After at once, the rest succ
 test('hold deadline: 504 once holdTimeoutSeconds pass without a ready backend', async () => {
   const port = await freePort();
   const act = await startActivator({
-    models: [modelCfg('late', port, { holdTimeoutSeconds: 0.6 })],
+    models: [modelCfg('late', port, { holdTimeoutSeconds: 2 })],
   }, { redisUrl: redis.url });
+  // A failure outcome's series is there at 0 from the model's first request,
+  // before the first such failure: rate() misses a series that appears at 1.
+  const series = (m) => m.has('thaw_activator_requests_total{model="late",outcome="hold_timeout"}');
   try {
+    assert.equal(series(await act.metrics()), false, 'no failure series before any request');
     const t0 = Date.now();
-    const rs = await Promise.all([complete(act.port, 'late'), complete(act.port, 'late')]);
+    const pending = [complete(act.port, 'late'), complete(act.port, 'late')];
+    await waitUntil(async () => (await act.model('late')).held === 2, 1500, { what: 'both held' });
+    const before = await act.metrics();
+    assert.ok(series(before) && metricSum(before, 'thaw_activator_requests_total',
+      { model: 'late', outcome: 'hold_timeout' }) === 0, 'hold_timeout at 0 while the first requests are held');
+    const rs = await Promise.all(pending);
     const dt = Date.now() - t0;
     for (const r of rs) {
       assert.equal(r.status, 504);
       assert.equal(JSON.parse(r.body).error.code, 'hold_timeout');
     }
-    assert.ok(dt >= 550 && dt < 1500, `504 after ${dt} ms`);
+    assert.ok(dt >= 1950 && dt < 3000, `504 after ${dt} ms`);
     const m = await act.metrics();
     assert.equal(metricSum(m, 'thaw_activator_requests_total', { model: 'late', outcome: 'hold_timeout' }), 2);
     // Probing went on the whole time, with backoff.
