@@ -894,6 +894,11 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
             expo_sample(out, per_model[f][0], labels, v);
         }
     }
+    /* A wake and the fall to zero are a model's rarest and most telling
+     * decisions. rate() misses a series that appears at 1, so these two are
+     * exposed at 0 from the model's first target on; the other 22 pairs
+     * appear with their first decision (24 zero series per model would be
+     * most of /metrics at 10 000 models). */
     expo_family(out, "thaw_scaler_decisions_total", "counter",
                 "Decision changes per model, by direction and reason.");
     cur = 0;
@@ -901,7 +906,9 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
         const struct model_sig *m = value;
         for (int d = 0; d < 3; d++) {
             for (int r = 0; r < POLICY_REASON_COUNT; r++) {
-                if (!m->decisions[d][r])
+                bool wake_or_zero = (d == POLICY_UP && r == POLICY_REASON_HELD) ||
+                                    (d == POLICY_DOWN && r == POLICY_REASON_IDLE);
+                if (!m->decisions[d][r] && !wake_or_zero)
                     continue;
                 if (expo_labels(labels, sizeof(labels), "model", m->name, "direction",
                                 policy_direction_to_str((enum policy_direction)d), "reason",

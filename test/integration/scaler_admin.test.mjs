@@ -106,6 +106,13 @@ test('/metrics passes promtool and counts gRPC calls by method and code', async 
   // tick), so only the reason is stable here.
   assert.equal(sampleValue(m, 'thaw_scaler_decision_info', { ...labels, reason: 'queue' }), 1);
   assert.ok(sampleValue(m, 'thaw_scaler_decisions_total', { model: 'adm-m', direction: 'up', reason: 'queue' }) >= 1);
+  // A wake and the fall to zero are there at 0 before the first one (rate()
+  // misses a series that appears at 1); other pairs only once they happen.
+  const decisions = (direction, reason) =>
+    sampleValue(m, 'thaw_scaler_decisions_total', { model: 'adm-m', direction, reason });
+  assert.equal(decisions('up', 'held_requests'), 0, 'the wake series before any wake');
+  assert.equal(decisions('down', 'idle'), 0, 'the to-zero series before any');
+  assert.equal(decisions('down', 'token_rate'), undefined, 'no zero series for the other pairs');
   assert.ok(sampleValue(m, 'thaw_scaler_pushes_total', { cause: 'decision_change' }) >= 0);
   for (const src of ['prometheus', 'redis_queue', 'redis_held']) {
     assert.equal(sampleValue(m, 'thaw_scaler_source_up', { source: src }), 1, src);
