@@ -39,9 +39,9 @@ import {
   complete, metricSum, startActivator, startFakeVllm, tmpDir, waitUntil,
 } from './activator_lib.mjs';
 import {
-  accountedFor, assert, outcomeCounts, rawPost, sleep, sseData, stablePort, underSanitizer, underValgrind,
+  accountedFor, assert, outcomeCounts, rawPost, sleep, sseData, underSanitizer, underValgrind,
 } from './faults_lib.mjs';
-import { startRedis } from './lib/harness.mjs';
+import { freePort, startRedis } from './lib/harness.mjs';
 
 let redis;
 
@@ -58,7 +58,7 @@ const streamBody = (model, maxTokens) => ({
 });
 
 test('backend killed mid-stream: the SSE client sees a truncated stream, never a complete one; an unanswered request is resent', async (t) => {
-  const port = await stablePort();
+  const port = await freePort();
   let fv = await startFakeVllm({ model: 'ms', port, tokensPerSecond: 20, waitReady: true });
   const act = await startActivator({ models: [modelCfg('ms', port)] }, { redisUrl: redis.url });
   try {
@@ -126,11 +126,11 @@ test('backend killed mid-stream: the SSE client sees a truncated stream, never a
 });
 
 test('backend killed between requests: pooled connections die; the next requests use fresh connections, or the other endpoint', async () => {
-  const [pa, pb] = [await stablePort(), await stablePort()];
+  const [pa, pb] = [await freePort(), await freePort()];
   const dir = tmpDir('thaw-faults-ep-');
   const epFile = path.join(dir, 'two.endpoints');
   fs.writeFileSync(epFile, `127.0.0.1:${pa}\n127.0.0.1:${pb}\n`);
-  const solo = await stablePort();
+  const solo = await freePort();
   let fs1 = await startFakeVllm({ model: 'solo', port: solo, waitReady: true });
   let fa = await startFakeVllm({ model: 'pair', port: pa, waitReady: true });
   const fb = await startFakeVllm({ model: 'pair', port: pb, waitReady: true });
@@ -256,7 +256,7 @@ test('a backend that drops requests on its pooled connections: the request is re
   });
 
 test('backend killed during its cold start: held requests stay held; served by the next backend, or 504 at the hold deadline', async (t) => {
-  const [pa, pb] = [await stablePort(), await stablePort()];
+  const [pa, pb] = [await freePort(), await freePort()];
   const HOLD_B_S = 4;
   const act = await startActivator({
     models: [modelCfg('csa', pa, { holdTimeoutSeconds: 60 }), modelCfg('csb', pb, { holdTimeoutSeconds: HOLD_B_S })],
@@ -314,7 +314,7 @@ test('backend killed during its cold start: held requests stay held; served by t
 const drainFields = {};
 
 test('SIGTERM while holding: served if the model comes up during the drain, else 503 at the deadline; exit 0; Redis fields gone', async (t) => {
-  const [pu, pn] = [await stablePort(), await stablePort()];
+  const [pu, pn] = [await freePort(), await freePort()];
   const DRAIN_MS = 2500;
   const act = await startActivator({
     limits: { drainTimeoutSeconds: DRAIN_MS / 1000, retryAfterSeconds: 4 },
@@ -400,7 +400,7 @@ test('SIGTERM while holding: no Redis held field outlives the drain', () => {
 // delete its field, or the scaler would take the stale field for an activator
 // gone silent with requests in flight (and ignore the idle signal for minutes).
 test('SIGTERM with a request in a backend: the field is gone once the drain ends, not left with its in-flight count', async () => {
-  const port = await stablePort();
+  const port = await freePort();
   const fv = await startFakeVllm({ model: 'dn-flight', port, tokensPerSecond: 40, waitReady: true });
   const act = await startActivator({ models: [modelCfg('dn-flight', port)] },
     { redisUrl: redis.url, instanceId: 'act-flight' });

@@ -7,19 +7,7 @@ import fs from 'node:fs';
 import net from 'node:net';
 
 import { assert, metricSum, sleep, waitUntil } from './activator_lib.mjs';
-import { freePort, loadGrpc } from './lib/harness.mjs';
-
-/**
- * A free loopback port for a server that starts later than its address is
- * handed out (a backend that is down, a scaler restarted on the same port):
- * freePort()'s, which is below the kernel's ephemeral range (no outgoing
- * connection, nor a connect() to that very port while nothing listens, can
- * take it meanwhile) and reserved for this process until it exits (no other
- * test process, such as the ASan suite running beside this one, gets it).
- */
-export function stablePort() {
-  return freePort();
-}
+import { loadGrpc } from './lib/harness.mjs';
 
 /** VmRSS of pid in KiB (NaN once the process is gone). */
 export function rssKiB(pid) {

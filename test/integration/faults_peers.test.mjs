@@ -24,8 +24,8 @@ import { after, before, test } from 'node:test';
 import {
   complete, metricSum, request, startActivator, startFakeVllm, waitUntil,
 } from './activator_lib.mjs';
-import { accountedFor, assert, kedaPushClient, outcomeCounts, sleep, sseData, stablePort } from './faults_lib.mjs';
-import { startPrometheus, startRedis } from './lib/harness.mjs';
+import { accountedFor, assert, kedaPushClient, outcomeCounts, sleep, sseData } from './faults_lib.mjs';
+import { freePort, startPrometheus, startRedis } from './lib/harness.mjs';
 import { getDesired, sampleValue, scaledObjectRef, startScaler } from './lib/scaler_env.mjs';
 
 let redis;
@@ -53,8 +53,8 @@ function launchScaler() {
 
 before(async () => {
   [redis, prom] = await Promise.all([startRedis(), startPrometheus({ scrapeTargets: [] })]);
-  grpcPort = await stablePort();
-  for (const m of MODELS) backendPort[m] = await stablePort();
+  grpcPort = await freePort();
+  for (const m of MODELS) backendPort[m] = await freePort();
   scaler = await launchScaler();
   act = await startActivator({ models: MODELS.map(modelCfg) },
     { redisUrl: redis.url, instanceId: 'act-faults', args: ['--redis-timeout-ms', '500'] });
@@ -237,8 +237,8 @@ test('thaw-scaler restarted under a KEDA StreamIsActive client: it reconnects an
 });
 
 test('Redis down: a cold model still wakes; the activator posts the wake to thaw-scaler and renews it until the model is ready', async (t) => {
-  const port = await stablePort();
-  const deadPort = await stablePort();
+  const port = await freePort();
+  const deadPort = await freePort();
   const cfg = { models: [{ name: 'fp-d', backend: `http://127.0.0.1:${port}`, probeInitialMs: 20,
     probeMaxMs: 200, holdTimeoutSeconds: 120 },
   { name: 'fp-e', backend: `http://127.0.0.1:${deadPort}`, probeInitialMs: 20, probeMaxMs: 200,

@@ -164,7 +164,9 @@ function canBind(port) {
 
 /**
  * A TCP port on 127.0.0.1, free now and reserved for this process: no other
- * test process gets it from freePort(), and no outgoing connection uses it.
+ * test process gets it from freePort(), and no outgoing connection uses it, so
+ * a server may start on it later (a backend that is down at first) or restart
+ * on it (a scaler restarted in place).
  */
 export async function freePort() {
   const span = portRange.hi - portRange.lo;
