@@ -21,6 +21,10 @@ void expo_family(struct evbuffer *out, const char *name, const char *type, const
 /* Writes `name{labels} value`. labels is a preformatted label list without
  * braces (from expo_labels) or NULL/"" for none. */
 void expo_sample(struct evbuffer *out, const char *name, const char *labels, double value);
+/* The same with a second preformatted label list appended to the first
+ * (either may be NULL/""), so a fixed part can be formatted once and reused. */
+void expo_sample_more(struct evbuffer *out, const char *name, const char *labels,
+                      const char *more, double value);
 
 /* Formats k1="v1",k2="v2" from NULL-terminated key/value pairs, escaping values.
  * Returns the length written, or -1 if it did not fit (out is then ""). */

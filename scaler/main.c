@@ -4,6 +4,7 @@
  * server, the Prometheus and Redis sources on timers, and signals. The logic
  * lives in state, policy, service and the sources. */
 #include <errno.h>
+#include <malloc.h>
 #include <signal.h>
 #include <stddef.h>
 #include <stdio.h>
@@ -143,6 +144,8 @@ struct app {
     bool queue_in_flight, held_in_flight, stopping;
     int64_t last_gc_ms;
     uint64_t http_wakes, http_wakes_refused;
+    struct page_job *jobs; /* /metrics and /models pages being built */
+    size_t njobs;
 };
 
 /* ---- sources ----------------------------------------------------------- */
@@ -301,18 +304,124 @@ static bool refuse_unless_get(struct evhttp_request *req)
     return true;
 }
 
+/* ---- pages built in steps ------------------------------------------------- */
+
+/* /metrics and /models at 10 000 models are 15 and 8 MB, 150 and 260 ms of
+ * CPU in one go, during which the loop would serve no gRPC call, KEDA push
+ * or source reply. So a page is built a step at a time (a few ms each: 2 000
+ * samples, or 100 targets of /models at about 25 us each), the loop running
+ * in between, and sent once complete; at most MAX_PAGE_JOBS at once (each
+ * holds its page in memory). */
+enum { METRICS_STEP = 2000, MODELS_STEP = 100, MAX_PAGE_JOBS = 4 };
+
+struct page_job {
+    struct app *app;
+    struct evhttp_request *req; /* evhttp keeps it until we reply, even if the peer left */
+    struct scaler_page *page;
+    struct evbuffer *out;
+    const char *type; /* Content-Type */
+    size_t step;      /* budget of one step */
+    bool newline;     /* end the page with one (JSON) */
+    struct event *next_step;
+    struct page_job *prev, *next;
+};
+
+static void page_job_free(struct page_job *j)
+{
+    struct app *app = j->app;
+    if (j->prev)
+        j->prev->next = j->next;
+    else
+        app->jobs = j->next;
+    if (j->next)
+        j->next->prev = j->prev;
+    app->njobs--;
+    if (j->next_step)
+        event_free(j->next_step);
+    scaler_page_free(j->page);
+    if (j->out)
+        evbuffer_free(j->out);
+    thaw_free(j);
+}
+
+static void page_job_step(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct page_job *j = arg;
+    int rc = scaler_page_step(j->page, j->app->st, j->out, clock_mono_ms(), j->step);
+    if (rc == 0) {
+        /* A zero timeout runs after the I/O the loop has ready. */
+        static const struct timeval now = {0, 0};
+        if (event_add(j->next_step, &now) == 0)
+            return;
+        rc = -1;
+    }
+    if (rc > 0 && j->newline)
+        rc = evbuffer_add(j->out, "\n", 1) == 0 ? 1 : -1;
+    if (rc < 0)
+        evhttp_send_error(j->req, 500, "out of memory");
+    else
+        reply(j->req, 200, j->type, j->out);
+    page_job_free(j);
+}
+
+/* A request for a page while MAX_PAGE_JOBS are being built: answered 503
+ * before its page is begun (the /metrics copy alone is 11 ms at 10 000
+ * models). Returns true when it did. */
+static bool refuse_when_busy(struct app *app, struct evhttp_request *req)
+{
+    if (app->njobs < MAX_PAGE_JOBS)
+        return false;
+    evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+    reply_text(req, 503, NULL, "busy: too many /metrics and /models pages being built");
+    return true;
+}
+
+/* Starts building page (taken; NULL: out of memory) for req, after prefix
+ * (may be NULL). A JSON page ends with a newline. */
+static void page_job_start(struct app *app, struct evhttp_request *req, struct scaler_page *page,
+                           struct evbuffer *prefix, bool json)
+{
+    struct page_job *j = page ? thaw_calloc(1, sizeof(*j)) : NULL;
+    if (!j) {
+        scaler_page_free(page);
+        evhttp_send_error(req, 500, "out of memory");
+        return;
+    }
+    j->app = app;
+    j->req = req;
+    j->page = page;
+    j->type = json ? "application/json" : EXPO_CONTENT_TYPE;
+    j->newline = json;
+    j->step = json ? MODELS_STEP : METRICS_STEP;
+    j->out = evbuffer_new();
+    j->next_step = evtimer_new(app->base, page_job_step, j);
+    j->next = app->jobs;
+    if (app->jobs)
+        app->jobs->prev = j;
+    app->jobs = j;
+    app->njobs++;
+    if (!j->out || !j->next_step || (prefix && evbuffer_add_buffer(j->out, prefix) < 0)) {
+        evhttp_send_error(req, 500, "out of memory");
+        page_job_free(j);
+        return;
+    }
+    page_job_step(-1, 0, j);
+}
+
 static void http_metrics(struct evhttp_request *req, void *arg)
 {
-    if (refuse_unless_get(req))
-        return;
     struct app *app = arg;
+    if (refuse_unless_get(req) || refuse_when_busy(app, req))
+        return;
     struct evbuffer *out = evbuffer_new();
     if (!out) {
         evhttp_send_error(req, 500, "out of memory");
         return;
     }
     int64_t now = clock_mono_ms();
-    scaler_state_write_metrics(app->st, out, now);
+    /* The process-wide series first, as of now like the page's snapshot. */
     scaler_service_write_metrics(app->svc, out);
     grpc_server_write_metrics(app->grpc, out, "thaw_scaler");
     if (app->tls)
@@ -349,7 +458,7 @@ static void http_metrics(struct evhttp_request *req, void *arg)
                 (double)ps.last_duration_us / 1e6);
     expo_family(out, "process_resident_memory_bytes", "gauge", "Resident memory size in bytes.");
     expo_sample(out, "process_resident_memory_bytes", NULL, (double)resident_bytes());
-    reply(req, 200, EXPO_CONTENT_TYPE, out);
+    page_job_start(app, req, scaler_state_metrics_page(app->st, now), out, false);
     evbuffer_free(out);
 }
 
@@ -378,18 +487,10 @@ static void http_readyz(struct evhttp_request *req, void *arg)
 
 static void http_models(struct evhttp_request *req, void *arg)
 {
-    if (refuse_unless_get(req))
-        return;
     struct app *app = arg;
-    struct evbuffer *out = evbuffer_new();
-    if (!out) {
-        evhttp_send_error(req, 500, "out of memory");
+    if (refuse_unless_get(req) || refuse_when_busy(app, req))
         return;
-    }
-    scaler_state_write_models_json(app->st, out, clock_mono_ms());
-    evbuffer_add(out, "\n", 1);
-    reply(req, 200, "application/json", out);
-    evbuffer_free(out);
+    page_job_start(app, req, scaler_state_models_page(app->st, clock_mono_ms()), NULL, true);
 }
 
 /* The raw value of key in a query string (*len set), or NULL. */
@@ -571,6 +672,10 @@ static int listen_http(struct app *app, int *port, char *err, size_t errlen)
 
 static void app_free(struct app *app)
 {
+    /* Pages still being built are dropped; evhttp_free below frees their
+     * requests with their connections. */
+    while (app->jobs)
+        page_job_free(app->jobs);
     grpc_server_free(app->grpc); /* cancels streams: the service forgets them */
     tls_server_free(app->tls);   /* after the connections that use it */
     scaler_service_free(app->svc);
@@ -637,6 +742,15 @@ int main(int argc, char **argv)
     char q1[600];
     memset(&app, 0, sizeof(app));
     signal(SIGPIPE, SIG_IGN);
+    /* Every interval parses the token-rate answer (megabytes at thousands of
+     * models) and frees it; a scrape builds and frees a page. With glibc's
+     * default 128 KB trim threshold the freed top of the heap went back to
+     * the kernel each time and was faulted in again by the next interval:
+     * 70 ms of CPU per interval at 10 000 models instead of 45 (BENCHMARKS.md).
+     * What the scaler used once it uses again a second later: keep it. */
+#ifdef M_TRIM_THRESHOLD
+    mallopt(M_TRIM_THRESHOLD, 64 << 20);
+#endif
 
     enum options_result r = options_parse(
         option_defs, NOPTIONS, &app.cfg, argc, argv, "thaw-scaler",

@@ -1,6 +1,7 @@
 #include "state.h"
 
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -778,257 +779,522 @@ bool scaler_state_sources_ready(const struct scaler_state *st)
 
 /* ---- exposition ------------------------------------------------------- */
 
-void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *out,
-                                int64_t now_ms)
+/* ---- /metrics and /models, in steps ----------------------------------------
+ *
+ * One page of 10 000 models is 15 MB of exposition (150 ms of CPU) or 8 MB
+ * of JSON (260 ms), and the event loop that renders it also serves gRPC,
+ * KEDA's pushes and the sources. So a page is built in steps with the loop
+ * running in between (scaler/main.c), and holds no pointer into the state,
+ * which may change, and lose targets, between two steps. */
+
+enum { PER_TARGET_FAMILIES = 11, PER_MODEL_FAMILIES = 5 };
+
+static const char *const per_target_family[PER_TARGET_FAMILIES][3] = {
+    {"thaw_scaler_desired_replicas", "gauge",
+     "Replicas reported to KEDA by GetMetrics (after stabilization and fail-safe)."},
+    {"thaw_scaler_raw_replicas", "gauge", "Replicas the inputs call for right now."},
+    {"thaw_scaler_active", "gauge", "1 when IsActive answers true."},
+    {"thaw_scaler_input_queue_length", "gauge", "Queue length read for the target's key."},
+    {"thaw_scaler_decision_info", "gauge",
+     "Always 1; labels give the reason and direction of the last decision."},
+    {"thaw_scaler_last_decision_change_seconds", "gauge",
+     "Seconds since the target's decision last changed."},
+    {"thaw_scaler_utilisation_target", "gauge",
+     "Share of targetTokensPerSecond the last decision planned for (the bursty target "
+     "while the demand is bursty; with replicaConcurrency, the square-root staffing's "
+     "share at the current demand)."},
+    {"thaw_scaler_tokens_per_request", "gauge",
+     "Tokens one request costs where the policy counts requests in tokens (queue growth, "
+     "backlog, wakes): learned from the model's wakes, else tokensPerRequest (0: policy "
+     "v1, counts only)."},
+    {"thaw_scaler_keep_warm_seconds", "gauge",
+     "How long an idle model stays active (one replica or more) before going to zero: "
+     "the keep-warm break-even over its idle gaps; policy v2, after its first decision."},
+    {"thaw_scaler_panicking", "gauge",
+     "1 while the panic rule holds for the current overload (a backlog of queued and held "
+     "requests above targetQueueLength likely to outlast a cold start)."},
+    {"thaw_scaler_scale_down_window_seconds", "gauge",
+     "The scale-down window the last decision held its level over: scaleDownWindowSeconds, "
+     "or burstyScaleDownWindowSeconds if longer while the demand is or lately was bursty."},
+};
+enum { FAMILY_DECISION_INFO = 4 };
+
+static const char *const per_model_family[PER_MODEL_FAMILIES][3] = {
+    {"thaw_scaler_input_token_rate", "gauge",
+     "Generation tokens per second per model, from the Prometheus query."},
+    {"thaw_scaler_input_held_requests", "gauge",
+     "Requests held by activators per model (a wake counts as one for a while)."},
+    {"thaw_scaler_input_queued_requests", "gauge",
+     "Requests waiting at activators' concurrency caps per model (replicas ready)."},
+    {"thaw_scaler_input_inflight_requests", "gauge",
+     "Requests in a backend through activators per model (the idle signal of idleSignal "
+     "activators)."},
+    {"thaw_scaler_wake_messages_total", "counter", "Wake messages received per model."},
+};
+
+/* A target's or model's samples as they were when the page began. */
+struct target_row {
+    size_t labels; /* offset of namespace=,scaledobject=,model= in the arena */
+    double v[PER_TARGET_FAMILIES];
+    uint16_t present; /* bit f: family f has a sample for this target */
+    uint8_t reason, direction;
+};
+
+struct model_row {
+    size_t labels; /* model= */
+    double v[PER_MODEL_FAMILIES];
+    uint64_t decisions[3][POLICY_REASON_COUNT];
+};
+
+enum page_kind { PAGE_METRICS, PAGE_MODELS };
+
+struct scaler_page {
+    enum page_kind kind;
+    /* NUL-terminated strings back to back: label lists (metrics) or target
+     * ids (models). */
+    char *arena;
+    size_t arena_len, arena_cap;
+    struct target_row *targets;
+    struct model_row *models;
+    size_t *ids; /* models page: offsets of the target ids */
+    size_t ntargets, nmodels, nids;
+    size_t written; /* models page: entries written so far */
+    struct evbuffer *head, *tail; /* the few samples that are not per target or model */
+    /* Where the next step starts: the section, and the row within it. */
+    int section;
+    size_t row;
+};
+
+/* Sections of a metrics page, in the order of the exposition. */
+enum {
+    SECTION_HEAD = 0,
+    SECTION_TARGETS = 1,                                         /* one per family */
+    SECTION_MODELS = SECTION_TARGETS + PER_TARGET_FAMILIES,      /* one per family */
+    SECTION_DECISIONS = SECTION_MODELS + PER_MODEL_FAMILIES,
+    SECTION_TAIL,
+    SECTION_DONE
+};
+
+/* Copies s (with its NUL) into the arena; returns its offset or SIZE_MAX. */
+static size_t arena_add(struct scaler_page *pg, const char *s)
 {
+    size_t n = strlen(s) + 1;
+    if (pg->arena_len + n > pg->arena_cap) {
+        size_t cap = pg->arena_cap ? pg->arena_cap : 4096;
+        while (cap < pg->arena_len + n)
+            cap *= 2;
+        char *a = thaw_realloc(pg->arena, cap);
+        if (!a)
+            return SIZE_MAX;
+        pg->arena = a;
+        pg->arena_cap = cap;
+    }
+    memcpy(pg->arena + pg->arena_len, s, n);
+    pg->arena_len += n;
+    return pg->arena_len - n;
+}
+
+void scaler_page_free(struct scaler_page *pg)
+{
+    if (!pg)
+        return;
+    thaw_free(pg->arena);
+    thaw_free(pg->targets);
+    thaw_free(pg->models);
+    thaw_free(pg->ids);
+    if (pg->head)
+        evbuffer_free(pg->head);
+    if (pg->tail)
+        evbuffer_free(pg->tail);
+    thaw_free(pg);
+}
+
+static struct scaler_page *page_new(enum page_kind kind)
+{
+    struct scaler_page *pg = thaw_calloc(1, sizeof(*pg));
+    if (!pg)
+        return NULL;
+    pg->kind = kind;
+    pg->head = evbuffer_new();
+    pg->tail = evbuffer_new();
+    if (!pg->head || !pg->tail) {
+        scaler_page_free(pg);
+        return NULL;
+    }
+    return pg;
+}
+
+static void target_row_fill(const struct scaler_state *st, const struct target *t, int64_t now_ms,
+                            struct target_row *row)
+{
+    row->present = (uint16_t)((1u << PER_TARGET_FAMILIES) - 1);
+    row->reason = (uint8_t)t->decision.reason;
+    row->direction = (uint8_t)t->change_direction;
+    row->v[0] = (double)t->decision.desired;
+    row->v[1] = (double)t->decision.raw;
+    row->v[2] = t->decision.active ? 1 : 0;
+    row->v[3] = t->queue->length;
+    row->v[FAMILY_DECISION_INFO] = 1;
+    row->v[5] = (double)(now_ms - t->last_change_ms) / 1000.0;
+    row->v[6] = t->decided ? t->pstate.utilisation : 0;
+    struct policy_params p;
+    target_policy_params(st, t, &p);
+    row->v[7] = policy_tokens_per_request(&p, &t->pstate);
+    if (t->spec.policy_v1 || !t->decided || t->pstate.keep_warm_ms < 0)
+        row->present &= (uint16_t)~(1u << 8); /* no keep-warm, or not known yet */
+    else
+        row->v[8] = (double)t->pstate.keep_warm_ms / 1000.0;
+    row->v[9] = t->decided && t->pstate.over_panic ? 1 : 0;
+    if (!t->decided)
+        row->present &= (uint16_t)~(1u << 10); /* no decision, no window used yet */
+    else
+        row->v[10] = (double)t->pstate.down_window_ms / 1000.0;
+}
+
+struct scaler_page *scaler_state_metrics_page(const struct scaler_state *st, int64_t now_ms)
+{
+    struct scaler_page *pg = page_new(PAGE_METRICS);
+    if (!pg)
+        return NULL;
+    size_t nt = strmap_count(st->targets), nm = strmap_count(st->models);
+    pg->targets = thaw_calloc(nt ? nt : 1, sizeof(*pg->targets));
+    pg->models = thaw_calloc(nm ? nm : 1, sizeof(*pg->models));
+    if (!pg->targets || !pg->models)
+        goto fail;
     /* Fits three escaped values of METADATA_MAX_VALUE bytes each. */
     char labels[8 * METADATA_MAX_VALUE];
-    size_t cur;
+    size_t cur = 0;
     const char *key;
     void *value;
-
-    expo_family(out, "thaw_scaler_targets", "gauge", "ScaledObject triggers known to the scaler.");
-    expo_sample(out, "thaw_scaler_targets", NULL, (double)strmap_count(st->targets));
-
-    static const char *const per_target[][3] = {
-        {"thaw_scaler_desired_replicas", "gauge",
-         "Replicas reported to KEDA by GetMetrics (after stabilization and fail-safe)."},
-        {"thaw_scaler_raw_replicas", "gauge", "Replicas the inputs call for right now."},
-        {"thaw_scaler_active", "gauge", "1 when IsActive answers true."},
-        {"thaw_scaler_input_queue_length", "gauge", "Queue length read for the target's key."},
-        {"thaw_scaler_decision_info", "gauge",
-         "Always 1; labels give the reason and direction of the last decision."},
-        {"thaw_scaler_last_decision_change_seconds", "gauge",
-         "Seconds since the target's decision last changed."},
-        {"thaw_scaler_utilisation_target", "gauge",
-         "Share of targetTokensPerSecond the last decision planned for (the bursty target "
-         "while the demand is bursty; with replicaConcurrency, the square-root staffing's "
-         "share at the current demand)."},
-        {"thaw_scaler_tokens_per_request", "gauge",
-         "Tokens one request costs where the policy counts requests in tokens (queue growth, "
-         "backlog, wakes): learned from the model's wakes, else tokensPerRequest (0: policy "
-         "v1, counts only)."},
-        {"thaw_scaler_keep_warm_seconds", "gauge",
-         "How long an idle model stays active (one replica or more) before going to zero: "
-         "the keep-warm break-even over its idle gaps; policy v2, after its first decision."},
-        {"thaw_scaler_panicking", "gauge",
-         "1 while the panic rule holds for the current overload (a backlog of queued and held "
-         "requests above targetQueueLength likely to outlast a cold start)."},
-        {"thaw_scaler_scale_down_window_seconds", "gauge",
-         "The scale-down window the last decision held its level over: scaleDownWindowSeconds, "
-         "or burstyScaleDownWindowSeconds if longer while the demand is or lately was bursty."},
-    };
-    for (size_t f = 0; f < sizeof(per_target) / sizeof(per_target[0]); f++) {
-        expo_family(out, per_target[f][0], per_target[f][1], per_target[f][2]);
-        cur = 0;
-        while (strmap_next(st->targets, &cur, &key, &value)) {
-            const struct target *t = value;
-            double v = 0;
-            if (f == 4) {
-                if (expo_labels(labels, sizeof(labels), "namespace", t->ns, "scaledobject",
-                                t->name, "model", t->spec.model, "reason",
-                                policy_reason_to_str(t->decision.reason), "direction",
-                                policy_direction_to_str(t->change_direction),
-                                (char *)NULL) < 0)
-                    continue;
-                expo_sample(out, per_target[f][0], labels, 1);
-                continue;
-            }
-            if (expo_labels(labels, sizeof(labels), "namespace", t->ns, "scaledobject", t->name,
-                            "model", t->spec.model, (char *)NULL) < 0)
-                continue;
-            switch (f) {
-            case 0: v = (double)t->decision.desired; break;
-            case 1: v = (double)t->decision.raw; break;
-            case 2: v = t->decision.active ? 1 : 0; break;
-            case 3: v = t->queue->length; break;
-            case 5: v = (double)(now_ms - t->last_change_ms) / 1000.0; break;
-            case 6: v = t->decided ? t->pstate.utilisation : 0; break;
-            case 7: {
-                struct policy_params p;
-                target_policy_params(st, t, &p);
-                v = policy_tokens_per_request(&p, &t->pstate);
-                break;
-            }
-            case 8:
-                if (t->spec.policy_v1 || !t->decided || t->pstate.keep_warm_ms < 0)
-                    continue; /* no keep-warm, or not known yet */
-                v = (double)t->pstate.keep_warm_ms / 1000.0;
-                break;
-            case 9: v = t->decided && t->pstate.over_panic ? 1 : 0; break;
-            case 10:
-                if (!t->decided)
-                    continue; /* no decision, no window used yet */
-                v = (double)t->pstate.down_window_ms / 1000.0;
-                break;
-            default: break;
-            }
-            expo_sample(out, per_target[f][0], labels, v);
-        }
+    while (strmap_next(st->targets, &cur, &key, &value)) {
+        const struct target *t = value;
+        if (expo_labels(labels, sizeof(labels), "namespace", t->ns, "scaledobject", t->name,
+                        "model", t->spec.model, (char *)NULL) < 0)
+            continue;
+        struct target_row *row = &pg->targets[pg->ntargets];
+        if ((row->labels = arena_add(pg, labels)) == SIZE_MAX)
+            goto fail;
+        target_row_fill(st, t, now_ms, row);
+        pg->ntargets++;
     }
-
-    static const char *const per_model[][3] = {
-        {"thaw_scaler_input_token_rate", "gauge",
-         "Generation tokens per second per model, from the Prometheus query."},
-        {"thaw_scaler_input_held_requests", "gauge",
-         "Requests held by activators per model (a wake counts as one for a while)."},
-        {"thaw_scaler_input_queued_requests", "gauge",
-         "Requests waiting at activators' concurrency caps per model (replicas ready)."},
-        {"thaw_scaler_input_inflight_requests", "gauge",
-         "Requests in a backend through activators per model (the idle signal of idleSignal "
-         "activators)."},
-        {"thaw_scaler_wake_messages_total", "counter", "Wake messages received per model."},
-    };
-    for (size_t f = 0; f < sizeof(per_model) / sizeof(per_model[0]); f++) {
-        expo_family(out, per_model[f][0], per_model[f][1], per_model[f][2]);
-        cur = 0;
-        while (strmap_next(st->models, &cur, &key, &value)) {
-            const struct model_sig *m = value;
-            if (expo_labels(labels, sizeof(labels), "model", m->name, (char *)NULL) < 0)
-                continue;
-            double v = f == 0   ? m->token_rate
-                       : f == 1 ? effective_held(m, now_ms)
-                       : f == 2 ? m->queued
-                       : f == 3 ? m->inflight
-                                : (double)m->wakes;
-            expo_sample(out, per_model[f][0], labels, v);
-        }
-    }
-    /* A wake and the fall to zero are a model's rarest and most telling
-     * decisions. rate() misses a series that appears at 1, so these two are
-     * exposed at 0 from the model's first target on; the other 22 pairs
-     * appear with their first decision (24 zero series per model would be
-     * most of /metrics at 10 000 models). */
-    expo_family(out, "thaw_scaler_decisions_total", "counter",
-                "Decision changes per model, by direction and reason.");
     cur = 0;
     while (strmap_next(st->models, &cur, &key, &value)) {
         const struct model_sig *m = value;
-        for (int d = 0; d < 3; d++) {
-            for (int r = 0; r < POLICY_REASON_COUNT; r++) {
-                bool wake_or_zero = (d == POLICY_UP && r == POLICY_REASON_HELD) ||
-                                    (d == POLICY_DOWN && r == POLICY_REASON_IDLE);
-                if (!m->decisions[d][r] && !wake_or_zero)
-                    continue;
-                if (expo_labels(labels, sizeof(labels), "model", m->name, "direction",
-                                policy_direction_to_str((enum policy_direction)d), "reason",
-                                policy_reason_to_str((enum policy_reason)r), (char *)NULL) >= 0)
-                    expo_sample(out, "thaw_scaler_decisions_total", labels,
-                                (double)m->decisions[d][r]);
-            }
-        }
+        if (expo_labels(labels, sizeof(labels), "model", m->name, (char *)NULL) < 0)
+            continue;
+        struct model_row *row = &pg->models[pg->nmodels];
+        if ((row->labels = arena_add(pg, labels)) == SIZE_MAX)
+            goto fail;
+        row->v[0] = m->token_rate;
+        row->v[1] = effective_held(m, now_ms);
+        row->v[2] = m->queued;
+        row->v[3] = m->inflight;
+        row->v[4] = (double)m->wakes;
+        memcpy(row->decisions, m->decisions, sizeof(row->decisions));
+        pg->nmodels++;
     }
 
-    expo_family(out, "thaw_scaler_source_up", "gauge",
+    expo_family(pg->head, "thaw_scaler_targets", "gauge",
+                "ScaledObject triggers known to the scaler.");
+    expo_sample(pg->head, "thaw_scaler_targets", NULL, (double)nt);
+
+    expo_family(pg->tail, "thaw_scaler_source_up", "gauge",
                 "1 when the source's last round trip succeeded.");
     for (int s = 0; s < SOURCE_COUNT; s++) {
         expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
-        expo_sample(out, "thaw_scaler_source_up", labels,
+        expo_sample(pg->tail, "thaw_scaler_source_up", labels,
                     (st->src[s].ever_ok && !st->src[s].failing) ? 1 : 0);
     }
-    expo_family(out, "thaw_scaler_source_errors_total", "counter", "Failed source round trips.");
+    expo_family(pg->tail, "thaw_scaler_source_errors_total", "counter",
+                "Failed source round trips.");
     for (int s = 0; s < SOURCE_COUNT; s++) {
         expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
-        expo_sample(out, "thaw_scaler_source_errors_total", labels, (double)st->src[s].errors);
+        expo_sample(pg->tail, "thaw_scaler_source_errors_total", labels,
+                    (double)st->src[s].errors);
     }
-    expo_family(out, "thaw_scaler_source_updates_total", "counter",
+    expo_family(pg->tail, "thaw_scaler_source_updates_total", "counter",
                 "Successful source round trips.");
     for (int s = 0; s < SOURCE_COUNT; s++) {
         expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
-        expo_sample(out, "thaw_scaler_source_updates_total", labels, (double)st->src[s].updates);
+        expo_sample(pg->tail, "thaw_scaler_source_updates_total", labels,
+                    (double)st->src[s].updates);
     }
-    expo_family(out, "thaw_scaler_source_staleness_seconds", "gauge",
+    expo_family(pg->tail, "thaw_scaler_source_staleness_seconds", "gauge",
                 "Seconds since the source last succeeded (since start if never).");
     for (int s = 0; s < SOURCE_COUNT; s++) {
         int64_t since = st->src[s].ever_ok ? st->src[s].last_ok_ms : st->start_ms;
         expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
-        expo_sample(out, "thaw_scaler_source_staleness_seconds", labels,
+        expo_sample(pg->tail, "thaw_scaler_source_staleness_seconds", labels,
                     (double)(now_ms - since) / 1000.0);
     }
+    return pg;
+fail:
+    scaler_page_free(pg);
+    return NULL;
+}
+
+/* A wake and the fall to zero are a model's rarest and most telling
+ * decisions. rate() misses a series that appears at 1, so these two are
+ * exposed at 0 from the model's first target on; the other 22 pairs appear
+ * with their first decision (24 zero series per model would be most of
+ * /metrics at 10 000 models). Returns the samples written. */
+static size_t write_model_decisions(struct evbuffer *out, const char *model_labels,
+                                    const struct model_row *row)
+{
+    size_t n = 0;
+    char more[96];
+    for (int d = 0; d < 3; d++) {
+        for (int r = 0; r < POLICY_REASON_COUNT; r++) {
+            bool wake_or_zero = (d == POLICY_UP && r == POLICY_REASON_HELD) ||
+                                (d == POLICY_DOWN && r == POLICY_REASON_IDLE);
+            if (!row->decisions[d][r] && !wake_or_zero)
+                continue;
+            /* Fixed identifiers: nothing to escape. */
+            snprintf(more, sizeof(more), "direction=\"%s\",reason=\"%s\"",
+                     policy_direction_to_str((enum policy_direction)d),
+                     policy_reason_to_str((enum policy_reason)r));
+            expo_sample_more(out, "thaw_scaler_decisions_total", model_labels, more,
+                             (double)row->decisions[d][r]);
+            n++;
+        }
+    }
+    return n;
+}
+
+/* Room for the next ROOM_SAMPLES samples in one chain. evbuffer_add alone
+ * grows a buffer 4 KB at a time, a malloc every 40 samples; a whole step's
+ * room at once (hundreds of KB) is mmap'ed fresh by malloc and page-faults
+ * on every page. 30 KB comes from the heap and is reused page after page. */
+enum { ROOM_SAMPLES = 256 };
+
+static int make_room(struct evbuffer *out, size_t done, size_t *room_at)
+{
+    *room_at = done + ROOM_SAMPLES;
+    return evbuffer_expand(out, ROOM_SAMPLES * 120);
+}
+
+static int metrics_page_step(struct scaler_page *pg, struct evbuffer *out, size_t budget)
+{
+    size_t done = 0, room_at = 0;
+    char more[96];
+    while (pg->section != SECTION_DONE && done < budget) {
+        int sec = pg->section;
+        if (sec == SECTION_HEAD || sec == SECTION_TAIL) {
+            if (evbuffer_add_buffer(out, sec == SECTION_HEAD ? pg->head : pg->tail) < 0)
+                return -1;
+            pg->section++;
+            continue;
+        }
+        if (sec < SECTION_MODELS) {
+            int f = sec - SECTION_TARGETS;
+            if (pg->row == 0)
+                expo_family(out, per_target_family[f][0], per_target_family[f][1],
+                            per_target_family[f][2]);
+            for (; pg->row < pg->ntargets && done < budget; pg->row++) {
+                const struct target_row *row = &pg->targets[pg->row];
+                if (!(row->present & (1u << f)))
+                    continue;
+                if (done >= room_at && make_room(out, done, &room_at) < 0)
+                    return -1;
+                const char *more_labels = NULL;
+                if (f == FAMILY_DECISION_INFO) {
+                    snprintf(more, sizeof(more), "reason=\"%s\",direction=\"%s\"",
+                             policy_reason_to_str((enum policy_reason)row->reason),
+                             policy_direction_to_str((enum policy_direction)row->direction));
+                    more_labels = more;
+                }
+                expo_sample_more(out, per_target_family[f][0], pg->arena + row->labels,
+                                 more_labels, row->v[f]);
+                done++;
+            }
+        } else if (sec < SECTION_DECISIONS) {
+            int f = sec - SECTION_MODELS;
+            if (pg->row == 0)
+                expo_family(out, per_model_family[f][0], per_model_family[f][1],
+                            per_model_family[f][2]);
+            for (; pg->row < pg->nmodels && done < budget; pg->row++, done++) {
+                if (done >= room_at && make_room(out, done, &room_at) < 0)
+                    return -1;
+                expo_sample(out, per_model_family[f][0], pg->arena + pg->models[pg->row].labels,
+                            pg->models[pg->row].v[f]);
+            }
+        } else {
+            if (pg->row == 0)
+                expo_family(out, "thaw_scaler_decisions_total", "counter",
+                            "Decision changes per model, by direction and reason.");
+            for (; pg->row < pg->nmodels && done < budget; pg->row++) {
+                if (done >= room_at && make_room(out, done, &room_at) < 0)
+                    return -1;
+                done += write_model_decisions(out, pg->arena + pg->models[pg->row].labels,
+                                              &pg->models[pg->row]);
+            }
+        }
+        size_t rows = sec < SECTION_MODELS ? pg->ntargets : pg->nmodels;
+        if (pg->row >= rows) {
+            pg->section++;
+            pg->row = 0;
+        }
+    }
+    return pg->section == SECTION_DONE ? 1 : 0;
+}
+
+struct scaler_page *scaler_state_models_page(const struct scaler_state *st, int64_t now_ms)
+{
+    (void)now_ms; /* each step renders the targets as they are then */
+    struct scaler_page *pg = page_new(PAGE_MODELS);
+    if (!pg)
+        return NULL;
+    size_t nt = strmap_count(st->targets);
+    pg->ids = thaw_calloc(nt ? nt : 1, sizeof(*pg->ids));
+    if (!pg->ids) {
+        scaler_page_free(pg);
+        return NULL;
+    }
+    size_t cur = 0;
+    const char *key;
+    void *value;
+    while (strmap_next(st->targets, &cur, &key, &value)) {
+        if ((pg->ids[pg->nids] = arena_add(pg, key)) == SIZE_MAX) {
+            scaler_page_free(pg);
+            return NULL;
+        }
+        pg->nids++;
+    }
+    return pg;
+}
+
+/* One /models entry: inputs, decision, targets and the policy in force. */
+static json_t *target_json(const struct scaler_state *st, const struct target *t, int64_t now_ms)
+{
+    const struct policy_decision *d = &t->decision;
+    json_t *o = json_pack(
+        "{s:s, s:s, s:s, s:{s:f, s:f, s:f, s:f, s:s, s:b, s:b, s:b}, s:I, s:I, s:b, s:s, s:s, "
+        "s:f, s:b, s:{s:f, s:f, s:f, s:f}}",
+        "namespace", t->ns, "scaledObject", t->name, "model", t->spec.model, "inputs",
+        "tokenRate", t->model->token_rate, "queueLength", t->queue->length, "heldRequests",
+        effective_held(t->model, now_ms), "queuedRequests", t->model->queued, "redisKey",
+        t->spec.redis_key, "tokenRateStale",
+        (int)(st->src[SOURCE_PROMETHEUS].failing || t->model->absent_since_ms != 0),
+        "queueStale", (int)(st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured), "heldStale",
+        (int)st->src[SOURCE_REDIS_HELD].failing, "desired", (json_int_t)d->desired, "raw",
+        (json_int_t)d->raw, "active", (int)d->active, "reason",
+        policy_reason_to_str(d->reason), "direction", policy_direction_to_str(t->change_direction),
+        "secondsSinceChange", (double)(now_ms - t->last_change_ms) / 1000.0,
+        "beyondStalenessLimit", (int)target_beyond_staleness(st, t, now_ms), "targets",
+        "tokensPerSecond", t->spec.target_tokens_per_second, "queueLength",
+        t->spec.target_queue_length, "activationTokenRate", t->spec.activation_token_rate,
+        "activationQueueLength", t->spec.activation_queue_length);
+    if (!o)
+        return NULL;
+    json_t *ins = json_object_get(o, "inputs");
+    if (ins) {
+        json_object_set_new(ins, "inflightRequests", json_real(t->model->inflight));
+        json_object_set_new(ins, "silentActivators", json_integer(t->model->silent));
+    }
+    /* The policy in force and what it has learned, so "why this many
+     * replicas" can be answered without reading the metadata. */
+    struct policy_params p;
+    target_policy_params(st, t, &p);
+    /* The utilisation target of the last decision (the bursty one while the
+     * demand is bursty); before any, the configured one (0 means none: all
+     * of the capacity). */
+    double u = t->decided ? t->pstate.utilisation
+                          : (p.target_utilisation > 0 ? p.target_utilisation : 1.0);
+    json_t *pol = json_pack(
+        "{s:s, s:f, s:f, s:b, s:b, s:f}", "name", t->spec.policy_v1 ? "v1" : "v2",
+        "coldStartSeconds", (double)p.cold_start_ms / 1000.0, "targetUtilisation", u, "bursty",
+        (int)(t->decided && t->pstate.bursty), "panicking", (int)(t->decided && t->pstate.over_panic),
+        "scaleDownWindowSeconds",
+        (double)(t->decided ? t->pstate.down_window_ms : p.scale_down_window_ms) / 1000.0);
+    if (pol) {
+        /* null before the policy's first decision computes it */
+        int64_t kw = t->spec.policy_v1 ? 0 : t->pstate.keep_warm_ms;
+        json_object_set_new(pol, "keepWarmSeconds",
+                            kw >= 0 ? json_real((double)kw / 1000.0) : json_null());
+        /* Learned from the wake episodes remembered (outliers among them
+         * left out); none: the prior. */
+        json_object_set_new(pol, "tokensPerRequest",
+                            json_real(policy_tokens_per_request(&p, &t->pstate)));
+        json_object_set_new(pol, "tokensPerRequestEpisodes",
+                            json_integer(t->spec.policy_v1 ? 0 : t->pstate.nkappa));
+        /* The order the backlog is sent in, and who said so. */
+        json_object_set_new(pol, "lateAfterSeconds", json_real((double)p.late_after_ms / 1000.0));
+        json_object_set_new(pol, "lateAfterFrom",
+                            json_string(t->model->late_after_ms >= 0 && !t->spec.policy_v1
+                                            ? "activators"
+                                            : "scaledObject"));
+        json_object_set_new(pol, "idleSignal",
+                            json_string(p.idle_by_activators ? "activators" : "tokenRate"));
+        json_object_set_new(o, "policy", pol);
+    }
+    return o;
+}
+
+static int add_json_text(const char *buf, size_t size, void *out)
+{
+    return evbuffer_add(out, buf, size);
+}
+
+static int models_page_step(struct scaler_page *pg, const struct scaler_state *st,
+                            struct evbuffer *out, int64_t now_ms, size_t budget)
+{
+    if (pg->section == SECTION_DONE)
+        return 1;
+    if (pg->section == SECTION_HEAD) {
+        if (evbuffer_add(out, "[", 1) < 0)
+            return -1;
+        pg->section = SECTION_TARGETS;
+    }
+    for (size_t done = 0; pg->row < pg->nids && done < budget; pg->row++) {
+        /* Removed since the page began: left out. */
+        const struct target *t = strmap_get(st->targets, pg->arena + pg->ids[pg->row]);
+        if (!t)
+            continue;
+        json_t *o = target_json(st, t, now_ms);
+        if (!o)
+            return -1;
+        int rc = (pg->written++ ? evbuffer_add(out, ",", 1) : 0);
+        if (rc == 0)
+            rc = json_dump_callback(o, add_json_text, out, JSON_COMPACT | JSON_REAL_PRECISION(6));
+        json_decref(o);
+        if (rc != 0)
+            return -1;
+        done++;
+    }
+    if (pg->row < pg->nids)
+        return 0;
+    if (evbuffer_add(out, "]", 1) < 0)
+        return -1;
+    pg->section = SECTION_DONE;
+    return 1;
+}
+
+int scaler_page_step(struct scaler_page *pg, const struct scaler_state *st, struct evbuffer *out,
+                     int64_t now_ms, size_t budget)
+{
+    if (budget == 0)
+        budget = 1;
+    return pg->kind == PAGE_METRICS ? metrics_page_step(pg, out, budget)
+                                    : models_page_step(pg, st, out, now_ms, budget);
+}
+
+/* A whole page at once (tests, small states). */
+static void write_page(struct scaler_page *pg, const struct scaler_state *st,
+                       struct evbuffer *out, int64_t now_ms)
+{
+    while (pg && scaler_page_step(pg, st, out, now_ms, SIZE_MAX) == 0)
+        ;
+    scaler_page_free(pg);
+}
+
+void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *out,
+                                int64_t now_ms)
+{
+    write_page(scaler_state_metrics_page(st, now_ms), st, out, now_ms);
 }
 
 void scaler_state_write_models_json(const struct scaler_state *st, struct evbuffer *out,
                                     int64_t now_ms)
 {
-    json_t *arr = json_array();
-    size_t cur = 0;
-    const char *key;
-    void *value;
-    while (arr && strmap_next(st->targets, &cur, &key, &value)) {
-        const struct target *t = value;
-        const struct policy_decision *d = &t->decision;
-        json_t *o = json_pack(
-            "{s:s, s:s, s:s, s:{s:f, s:f, s:f, s:f, s:s, s:b, s:b, s:b}, s:I, s:I, s:b, s:s, s:s, "
-            "s:f, s:b, s:{s:f, s:f, s:f, s:f}}",
-            "namespace", t->ns, "scaledObject", t->name, "model", t->spec.model, "inputs",
-            "tokenRate", t->model->token_rate, "queueLength", t->queue->length, "heldRequests",
-            effective_held(t->model, now_ms), "queuedRequests", t->model->queued, "redisKey",
-            t->spec.redis_key, "tokenRateStale",
-            (int)(st->src[SOURCE_PROMETHEUS].failing || t->model->absent_since_ms != 0),
-            "queueStale", (int)(st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured), "heldStale",
-            (int)st->src[SOURCE_REDIS_HELD].failing, "desired", (json_int_t)d->desired, "raw",
-            (json_int_t)d->raw, "active", (int)d->active, "reason",
-            policy_reason_to_str(d->reason), "direction", policy_direction_to_str(t->change_direction),
-            "secondsSinceChange", (double)(now_ms - t->last_change_ms) / 1000.0,
-            "beyondStalenessLimit", (int)target_beyond_staleness(st, t, now_ms), "targets",
-            "tokensPerSecond", t->spec.target_tokens_per_second, "queueLength",
-            t->spec.target_queue_length, "activationTokenRate", t->spec.activation_token_rate,
-            "activationQueueLength", t->spec.activation_queue_length);
-        if (o) {
-            json_t *ins = json_object_get(o, "inputs");
-            if (ins) {
-                json_object_set_new(ins, "inflightRequests", json_real(t->model->inflight));
-                json_object_set_new(ins, "silentActivators", json_integer(t->model->silent));
-            }
-            /* The policy in force and what it has learned, so "why this
-             * many replicas" can be answered without reading the metadata. */
-            struct policy_params p;
-            target_policy_params(st, t, &p);
-            /* The utilisation target of the last decision (the bursty one
-             * while the demand is bursty); before any, the configured one
-             * (0 means none: all of the capacity). */
-            double u = t->decided ? t->pstate.utilisation
-                                  : (p.target_utilisation > 0 ? p.target_utilisation : 1.0);
-            json_t *pol = json_pack("{s:s, s:f, s:f, s:b, s:b, s:f}", "name",
-                                    t->spec.policy_v1 ? "v1" : "v2", "coldStartSeconds",
-                                    (double)p.cold_start_ms / 1000.0, "targetUtilisation", u,
-                                    "bursty", (int)(t->decided && t->pstate.bursty),
-                                    "panicking", (int)(t->decided && t->pstate.over_panic),
-                                    "scaleDownWindowSeconds",
-                                    (double)(t->decided ? t->pstate.down_window_ms
-                                                        : p.scale_down_window_ms) /
-                                        1000.0);
-            if (pol) {
-                /* null before the policy's first decision computes it */
-                int64_t kw = t->spec.policy_v1 ? 0 : t->pstate.keep_warm_ms;
-                json_object_set_new(pol, "keepWarmSeconds",
-                                    kw >= 0 ? json_real((double)kw / 1000.0) : json_null());
-                /* Learned from the wake episodes remembered (outliers among
-                 * them left out); none: the prior. */
-                json_object_set_new(pol, "tokensPerRequest",
-                                    json_real(policy_tokens_per_request(&p, &t->pstate)));
-                json_object_set_new(pol, "tokensPerRequestEpisodes",
-                                    json_integer(t->spec.policy_v1 ? 0 : t->pstate.nkappa));
-                /* The order the backlog is sent in, and who said so. */
-                json_object_set_new(pol, "lateAfterSeconds",
-                                    json_real((double)p.late_after_ms / 1000.0));
-                json_object_set_new(pol, "lateAfterFrom",
-                                    json_string(t->model->late_after_ms >= 0 && !t->spec.policy_v1
-                                                    ? "activators"
-                                                    : "scaledObject"));
-                json_object_set_new(pol, "idleSignal",
-                                    json_string(p.idle_by_activators ? "activators" : "tokenRate"));
-                json_object_set_new(o, "policy", pol);
-            }
-            json_array_append_new(arr, o);
-        }
-    }
-    char *text = arr ? json_dumps(arr, JSON_COMPACT | JSON_REAL_PRECISION(6)) : NULL;
-    if (text) {
-        evbuffer_add(out, text, strlen(text));
-        free(text); /* jansson's allocator */
-    } else {
-        evbuffer_add(out, "[]", 2);
-    }
-    json_decref(arr);
+    write_page(scaler_state_models_page(st, now_ms), st, out, now_ms);
 }

@@ -119,6 +119,27 @@ void scaler_state_write_metrics(const struct scaler_state *st, struct evbuffer *
 /* JSON array for /models, appended to out. */
 void scaler_state_write_models_json(const struct scaler_state *st, struct evbuffer *out,
                                     int64_t now_ms);
+
+/* The same pages built in steps, so that one page of 10 000 models does not
+ * hold the event loop for its whole length. A page holds no pointer into
+ * the state: the state may change, and lose targets, between two steps.
+ * - metrics: every value is copied when the page begins (one pass over the
+ *   targets and models); steps only format the copy, so the page reads as
+ *   of that moment.
+ * - models: the targets' ids are copied when the page begins; each step
+ *   renders the next of them as they are then (a target removed since is
+ *   left out, one added since waits for the next page).
+ * Returns NULL on allocation failure. */
+struct scaler_page;
+struct scaler_page *scaler_state_metrics_page(const struct scaler_state *st, int64_t now_ms);
+struct scaler_page *scaler_state_models_page(const struct scaler_state *st, int64_t now_ms);
+/* Appends about `budget` more samples (metrics) or targets (models) to out.
+ * Returns 1 when the page is complete, 0 when more remains, -1 on allocation
+ * failure (the page is then incomplete: drop it). */
+int scaler_page_step(struct scaler_page *pg, const struct scaler_state *st, struct evbuffer *out,
+                     int64_t now_ms, size_t budget);
+/* Accepts NULL. */
+void scaler_page_free(struct scaler_page *pg);
 /* True when every source has succeeded at least once. */
 bool scaler_state_sources_ready(const struct scaler_state *st);
 

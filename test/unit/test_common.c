@@ -1,4 +1,5 @@
 /* common: exposition writer, options table, string map, log quoting. */
+#include <math.h>
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -45,6 +46,49 @@ static void test_expo_samples_and_labels(void **unused)
     char *s = drain(b);
     assert_string_equal(s, "# HELP x_total Help with \\\\ and\\nnewline.\n# TYPE x_total counter\n"
                            "x_total{a=\"1\"} 3\nx_total 0.25\nx_total +Inf\nx_total NaN\n");
+    free(s);
+    evbuffer_free(b);
+}
+
+/* Whole numbers take a path of their own (not printf); every spelling must
+ * still read back as the value, and a second label list joins the first. */
+static void test_expo_numbers_and_label_parts(void **unused)
+{
+    struct evbuffer *b = evbuffer_new();
+    const double values[] = {0, -0.0, 7, -7, 1e14, 999999999999999, -999999999999999, 1e15,
+                             9007199254740993.0, 0.1, -2.5e-7, 1e300, -1.0 / 0.0};
+    const char *spelled[] = {"0", "0", "7", "-7", "100000000000000", "999999999999999",
+                             "-999999999999999", "1e+15", "9007199254740992", "0.1", "-2.5e-07",
+                             "1e+300", "-Inf"};
+    for (size_t i = 0; i < sizeof(values) / sizeof(values[0]); i++) {
+        expo_sample(b, "v", NULL, values[i]);
+        char *s = drain(b);
+        char want[64];
+        snprintf(want, sizeof(want), "v %s\n", spelled[i]);
+        assert_string_equal(s, want);
+        if (isfinite(values[i]))
+            assert_true(strtod(s + 2, NULL) == values[i]);
+        free(s);
+    }
+    expo_sample_more(b, "d", "model=\"m\"", "direction=\"up\"", 2);
+    expo_sample_more(b, "d", NULL, "direction=\"up\"", 2);
+    expo_sample_more(b, "d", "model=\"m\"", "", 2);
+    expo_sample_more(b, "d", "", NULL, 2);
+    char *s = drain(b);
+    assert_string_equal(s, "d{model=\"m\",direction=\"up\"} 2\nd{direction=\"up\"} 2\n"
+                           "d{model=\"m\"} 2\nd 2\n");
+    free(s);
+    /* A line longer than the writer's stack buffer is written whole. */
+    char big[3000];
+    memset(big, 'x', sizeof(big));
+    memcpy(big, "k=\"", 3);
+    big[sizeof(big) - 2] = '"';
+    big[sizeof(big) - 1] = '\0';
+    expo_sample(b, "long", big, 1);
+    s = drain(b);
+    assert_int_equal(strlen(s), strlen("long{} 1\n") + strlen(big));
+    assert_memory_equal(s + 5, big, strlen(big));
+    assert_string_equal(s + 5 + strlen(big), "} 1\n");
     free(s);
     evbuffer_free(b);
 }
@@ -331,6 +375,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_expo_samples_and_labels),
+        cmocka_unit_test(test_expo_numbers_and_label_parts),
         cmocka_unit_test(test_expo_histogram),
         cmocka_unit_test(test_options_precedence_and_errors),
         cmocka_unit_test(test_options_config_file),

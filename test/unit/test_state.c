@@ -288,6 +288,174 @@ static void test_out_of_memory_never_crashes(void **unused)
     metadata_spec_finish(&a);
 }
 
+/* A page built in steps of any size is the page built at once. */
+static char *page_text(const struct scaler_state *st, struct scaler_page *pg, int64_t now_ms,
+                       size_t budget, int *steps)
+{
+    struct evbuffer *b = evbuffer_new();
+    assert_non_null(b);
+    assert_non_null(pg);
+    int rc, n = 0;
+    while ((rc = scaler_page_step(pg, st, b, now_ms, budget)) == 0)
+        n++;
+    assert_int_equal(rc, 1);
+    assert_int_equal(scaler_page_step(pg, st, b, now_ms, budget), 1); /* stays complete */
+    scaler_page_free(pg);
+    if (steps)
+        *steps = n + 1;
+    size_t len = evbuffer_get_length(b);
+    char *text = malloc(len + 1);
+    assert_non_null(text);
+    evbuffer_remove(b, text, len);
+    text[len] = '\0';
+    evbuffer_free(b);
+    return text;
+}
+
+static int count_of(const char *hay, const char *needle)
+{
+    int n = 0;
+    for (const char *p = hay; (p = strstr(p, needle)); p += strlen(needle))
+        n++;
+    return n;
+}
+
+static struct scaler_state *state_with_targets(struct scaler_spec *specs, int n)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    char model[16], name[16];
+    for (int i = 0; i < n; i++) {
+        snprintf(model, sizeof(model), "m%d", i % 3);
+        snprintf(name, sizeof(name), "so%d", i);
+        specs[i] = spec_for(model, NULL);
+        assert_non_null(scaler_state_upsert(st, "ns", name, &specs[i], 0));
+    }
+    queues_empty(st, 1);
+    return st;
+}
+
+static void test_pages_in_steps_are_the_whole_page(void **unused)
+{
+    struct scaler_spec specs[7];
+    struct scaler_state *st = state_with_targets(specs, 7);
+    struct prom_sample rate = {"m1", 2500};
+    scaler_state_prom_ok(st, &rate, 1, 2);
+    struct evbuffer *whole = evbuffer_new();
+    scaler_state_write_metrics(st, whole, 3);
+    evbuffer_add(whole, "", 1);
+    const char *metrics = (const char *)evbuffer_pullup(whole, -1);
+    /* 7 targets x 11 families, 3 models x 5, their wake and to-zero series
+     * and one decision each. */
+    assert_int_equal(count_of(metrics, "thaw_scaler_desired_replicas{"), 7);
+    assert_int_equal(count_of(metrics, "thaw_scaler_input_token_rate{"), 3);
+    assert_non_null(strstr(metrics, "thaw_scaler_input_token_rate{model=\"m1\"} 2500\n"));
+    for (size_t budget = 1; budget <= 64; budget *= 4) {
+        int steps;
+        char *text = page_text(st, scaler_state_metrics_page(st, 3), 3, budget, &steps);
+        assert_string_equal(text, metrics);
+        /* Steps of `budget` samples: many of one, few of 64. */
+        assert_true(budget > 1 || steps > 7 * 11);
+        assert_true(budget < 64 || steps < 10);
+        free(text);
+    }
+    evbuffer_drain(whole, evbuffer_get_length(whole));
+    scaler_state_write_models_json(st, whole, 3);
+    evbuffer_add(whole, "", 1);
+    const char *models = (const char *)evbuffer_pullup(whole, -1);
+    assert_int_equal(models[0], '[');
+    assert_int_equal(count_of(models, "\"scaledObject\":"), 7);
+    for (size_t budget = 1; budget <= 8; budget *= 2) {
+        char *text = page_text(st, scaler_state_models_page(st, 3), 3, budget, NULL);
+        assert_string_equal(text, models);
+        free(text);
+    }
+    evbuffer_free(whole);
+    scaler_state_free(st);
+    for (int i = 0; i < 7; i++)
+        metadata_spec_finish(&specs[i]);
+}
+
+/* Between two steps the state changes and targets come and go: a metrics
+ * page reads as of its start, a models page leaves out what was removed and
+ * waits with what was added, and neither touches freed memory (ASan). */
+static void test_pages_outlive_changes_between_steps(void **unused)
+{
+    struct scaler_spec specs[4];
+    struct scaler_state *st = state_with_targets(specs, 4);
+    struct evbuffer *before = evbuffer_new();
+    scaler_state_write_metrics(st, before, 5);
+    evbuffer_add(before, "", 1);
+
+    struct scaler_page *mp = scaler_state_metrics_page(st, 5);
+    struct scaler_page *jp = scaler_state_models_page(st, 5);
+    struct evbuffer *m = evbuffer_new(), *j = evbuffer_new();
+    assert_int_equal(scaler_page_step(mp, st, m, 5, 1), 0);
+    assert_int_equal(scaler_page_step(jp, st, j, 5, 1), 0); /* "[" and the first target */
+
+    /* A new target, a new rate, and every old target expired and freed. */
+    struct scaler_spec late = spec_for("m9", NULL);
+    struct target *t = scaler_state_upsert(st, "ns", "late", &late, 70000);
+    assert_non_null(t);
+    struct prom_sample rate = {"m0", 9000};
+    scaler_state_prom_ok(st, &rate, 1, 70001);
+    scaler_state_gc(st, 70002);
+    assert_int_equal(scaler_state_target_count(st), 1);
+
+    int rc;
+    while ((rc = scaler_page_step(mp, st, m, 70003, 1)) == 0)
+        ;
+    assert_int_equal(rc, 1);
+    evbuffer_add(m, "", 1);
+    assert_string_equal((const char *)evbuffer_pullup(m, -1),
+                        (const char *)evbuffer_pullup(before, -1));
+    while ((rc = scaler_page_step(jp, st, j, 70003, 1)) == 0)
+        ;
+    assert_int_equal(rc, 1);
+    evbuffer_add(j, "", 1);
+    const char *models = (const char *)evbuffer_pullup(j, -1);
+    /* The one target rendered before the gc, none after; "late" is not in it. */
+    assert_int_equal(count_of(models, "\"scaledObject\":"), 1);
+    assert_null(strstr(models, "\"late\""));
+    assert_int_equal(models[strlen(models) - 1], ']');
+    scaler_page_free(mp);
+    scaler_page_free(jp);
+    evbuffer_free(m);
+    evbuffer_free(j);
+    evbuffer_free(before);
+    scaler_state_free(st);
+    metadata_spec_finish(&late);
+    for (int i = 0; i < 4; i++)
+        metadata_spec_finish(&specs[i]);
+}
+
+static void test_pages_out_of_memory(void **unused)
+{
+    struct scaler_spec specs[3];
+    struct scaler_state *st = state_with_targets(specs, 3);
+    int failed = 0;
+    for (long n = 0; n < 60; n++) {
+        struct evbuffer *b = evbuffer_new();
+        alloc_fail_after(n);
+        struct scaler_page *pg = scaler_state_metrics_page(st, 1);
+        int rc = pg ? 0 : -1;
+        while (rc == 0)
+            rc = scaler_page_step(pg, st, b, 1, 2);
+        scaler_page_free(pg);
+        pg = scaler_state_models_page(st, 1);
+        int rc2 = pg ? 0 : -1;
+        while (rc2 == 0)
+            rc2 = scaler_page_step(pg, st, b, 1, 1);
+        scaler_page_free(pg);
+        alloc_fail_after(-1);
+        failed += rc < 0 || rc2 < 0;
+        evbuffer_free(b);
+    }
+    assert_true(failed > 0); /* the failures were reached, and reported */
+    scaler_state_free(st);
+    for (int i = 0; i < 3; i++)
+        metadata_spec_finish(&specs[i]);
+}
+
 /* Requests waiting at activators' concurrency caps are a backlog, added to
  * the job queue: they scale like queued jobs, not like a wake. */
 static void test_queued_at_cap_is_backlog(void **unused)
@@ -576,6 +744,9 @@ int main(void)
         cmocka_unit_test(test_fail_safe_and_staleness),
         cmocka_unit_test(test_spec_change_and_gc),
         cmocka_unit_test(test_out_of_memory_never_crashes),
+        cmocka_unit_test(test_pages_in_steps_are_the_whole_page),
+        cmocka_unit_test(test_pages_outlive_changes_between_steps),
+        cmocka_unit_test(test_pages_out_of_memory),
         cmocka_unit_test(test_policy_v2_reaches_the_decision),
         cmocka_unit_test(test_v2_exports_what_it_learned),
     };
