@@ -24,11 +24,14 @@
 //   THAW_BUILD_DIR   build directory (default <repo>/build-bench)
 //   BENCH_SIZES      comma-separated model counts (default 10,1000,10000)
 //   BENCH_WINDOW_S   measurement window in seconds (default 10)
+//   BENCH_SCRAPES    fetches of /metrics and /models per size for the
+//                    event-loop stall measurement (default 3)
 
-import { execFileSync } from 'node:child_process';
+import { execFile, execFileSync } from 'node:child_process';
 import fs from 'node:fs';
 import http from 'node:http';
 import path from 'node:path';
+import { promisify } from 'node:util';
 
 import {
   repoRoot, spawnProcess, startRedis, startPrometheus, grpcClient, waitUntil,
@@ -40,6 +43,9 @@ const scalerBin = path.join(buildDir, 'scaler', 'thaw-scaler');
 const SIZES = (process.env.BENCH_SIZES ?? '10,1000,10000').split(',').map(Number);
 const WINDOW_MS = Number(process.env.BENCH_WINDOW_S ?? 10) * 1000;
 const REGISTER_CONCURRENCY = 64;
+// Scrapes of /metrics and of /models per size for the stall measurement.
+const SCRAPES = Number(process.env.BENCH_SCRAPES ?? 3);
+const execFileAsync = promisify(execFile);
 // Round trips per interval may differ a little between sizes only because the
 // window's edges cut intervals differently; more than this is growth.
 const RT_TOLERANCE = 1.25;
@@ -141,6 +147,63 @@ function procCpu(pid) {
   return { ticks, runNs, rssKiB, threads };
 }
 
+// What one fetch of `route` costs the scaler, and how long its event loop
+// stops answering meanwhile. curl (a child process, so this process's own
+// loop stays free to time calls) fetches the page: once alone, for the
+// scaler's CPU time, then again while one grpc-js client sends GetMetrics
+// back to back; the slowest call during that fetch is the stall the page
+// causes (the same loop serves gRPC, KEDA's pushes and the sources).
+// Baseline: the same calls for as long with no fetch.
+async function scrapeStall(httpPort, client, pid, route) {
+  const ref = { scaledObjectRef: refOf(1), metricName: 'm1' };
+  const callsWhile = async (more) => {
+    const lat = [];
+    while (more()) {
+      const t = performance.now();
+      await client.getMetrics(ref);
+      lat.push(performance.now() - t);
+    }
+    return lat;
+  };
+  const fetchPage = async () => {
+    const { stdout } = await execFileAsync('curl', ['-sS', '-o', '/dev/null', '-w', '%{http_code} %{size_download}',
+      '--max-time', '30', `http://127.0.0.1:${httpPort}${route}`]);
+    const [code, bytes] = stdout.trim().split(' ').map(Number);
+    if (code !== 200) throw new Error(`${route}: HTTP ${code}`);
+    return bytes;
+  };
+  const runs = [];
+  for (let k = 0; k < SCRAPES; k++) {
+    const cpu0 = procCpu(pid);
+    const t0 = performance.now();
+    const bytes = await fetchPage();
+    const wallMs = performance.now() - t0;
+    const cpuMs = (procCpu(pid).runNs - cpu0.runNs) / 1e6;
+    await sleep(200);
+    let fetching = true;
+    const fetched = fetchPage().finally(() => { fetching = false; });
+    const lat = await callsWhile(() => fetching);
+    await fetched;
+    await sleep(200);
+    const tb = performance.now();
+    const base = await callsWhile(() => performance.now() - tb < wallMs);
+    runs.push({ wallMs, cpuMs, bytes, maxMs: Math.max(0, ...lat), calls: lat.length, baseMaxMs: Math.max(0, ...base) });
+    await sleep(200);
+  }
+  const med = (xs) => [...xs].sort((a, b) => a - b)[Math.floor(xs.length / 2)];
+  return {
+    route,
+    wallMs: med(runs.map((r) => r.wallMs)),
+    cpuMs: med(runs.map((r) => r.cpuMs)),
+    kib: runs[0].bytes / 1024,
+    stallMs: med(runs.map((r) => r.maxMs)),
+    stallMaxMs: Math.max(...runs.map((r) => r.maxMs)),
+    baseStallMs: med(runs.map((r) => r.baseMaxMs)),
+    baseStallMaxMs: Math.max(...runs.map((r) => r.baseMaxMs)),
+    calls: runs.reduce((a, r) => a + r.calls, 0),
+  };
+}
+
 async function pool(n, concurrency, fn) {
   let next = 0;
   await Promise.all(Array.from({ length: Math.min(concurrency, n) }, async () => {
@@ -208,8 +271,6 @@ async function measureSize(n, redis, prom) {
           `(token rate ${tokenRate(i)}/s, queue ${queueLen(i)})`);
       }
     }
-    client.close();
-
     // The window: /proc read right after /metrics at the start and right
     // before it at the end, so serving those two scrapes is left out.
     log(`n=${n}: measuring for ${WINDOW_MS / 1000} s, scaler pid ${scaler.pid}`);
@@ -220,6 +281,9 @@ async function measureSize(n, redis, prom) {
     const cb = procCpu(scaler.pid);
     const tb = performance.now();
     const b = await scrape(httpPort);
+    const scrapes = [];
+    for (const route of ['/metrics', '/models']) scrapes.push(await scrapeStall(httpPort, client, scaler.pid, route));
+    client.close();
 
     const redisIntervals = b.redisQueueDone - a.redisQueueDone;
     const promIntervals = b.promDone - a.promDone;
@@ -247,6 +311,7 @@ async function measureSize(n, redis, prom) {
       cmdsRedis: (b.redisCmds - a.redisCmds) / redisIntervals,
       rtProm: (b.rtProm - a.rtProm) / promIntervals,
       metricsBytes: b.bytes,
+      scrapes,
     };
     const code = await scaler.stop('SIGTERM', 10000);
     if (code !== 0) throw new Error(`thaw-scaler (n=${n}) exited ${code} on SIGTERM`);
@@ -297,6 +362,18 @@ async function main() {
       r.rtRedis.toFixed(2), r.cmdsRedis.toFixed(2), r.rtProm.toFixed(2), `${r.redisIntervals}/${r.promIntervals}`,
       r.registerS.toFixed(2), (r.metricsBytes / 1024).toFixed(0)]));
   }
+  out.push('');
+  const shdr = ['models', 'page', 'KiB', 'fetch_ms', 'scaler_cpu_ms', 'slowest_GetMetrics_ms(fetching)', 'slowest_GetMetrics_ms(not)', 'calls'];
+  out.push(shdr.map((c, k) => String(c).padStart(k === 0 ? 6 : c.length + 1)).join(' '));
+  for (const r of rows) {
+    for (const sc of r.scrapes) {
+      const cols = [r.n, sc.route, sc.kib.toFixed(0), sc.wallMs.toFixed(1), sc.cpuMs.toFixed(1),
+        `${sc.stallMs.toFixed(1)} (max ${sc.stallMaxMs.toFixed(1)})`,
+        `${sc.baseStallMs.toFixed(1)} (max ${sc.baseStallMaxMs.toFixed(1)})`, sc.calls];
+      out.push(cols.map((c, k) => String(c).padStart(k === 0 ? 6 : shdr[k].length + 1)).join(' '));
+    }
+  }
+  out.push(`(${SCRAPES} fetches of each page per size by curl, alone: fetch time and scaler CPU, medians; then ${SCRAPES} more with GetMetrics sent back to back meanwhile: the slowest call per fetch, median and max, against the slowest of as many calls with no fetch)`);
   out.push('');
   out.push('redis_rt = batches (queue lengths + held counts), each pipelined in one go; redis_cmds = EVALSHA calls (one per 1000 keys);');
   out.push('cpu_ms/int = scaler CPU time per Redis interval (stat: utime+stime at 1/CLK_TCK resolution; sched: /proc/PID/task/*/schedstat run time).');
