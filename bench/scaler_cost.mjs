@@ -373,7 +373,7 @@ async function main() {
       out.push(cols.map((c, k) => String(c).padStart(k === 0 ? 6 : shdr[k].length + 1)).join(' '));
     }
   }
-  out.push(`(${SCRAPES} fetches of each page per size by curl, alone: fetch time and scaler CPU, medians; then ${SCRAPES} more with GetMetrics sent back to back meanwhile: the slowest call per fetch, median and max, against the slowest of as many calls with no fetch)`);
+  out.push(`(${SCRAPES} fetches of each page per size by curl, alone: fetch time and scaler CPU, medians; then ${SCRAPES} more with GetMetrics sent back to back meanwhile: the slowest call per fetch, median and max, against the slowest call sent back to back for as long with no fetch)`);
   out.push('');
   out.push('redis_rt = batches (queue lengths + held counts), each pipelined in one go; redis_cmds = EVALSHA calls (one per 1000 keys);');
   out.push('cpu_ms/int = scaler CPU time per Redis interval (stat: utime+stime at 1/CLK_TCK resolution; sched: /proc/PID/task/*/schedstat run time).');

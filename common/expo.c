@@ -56,28 +56,29 @@ static size_t format_number(char *out, size_t outlen, double v)
     return n > 0 ? (size_t)n : 0;
 }
 
-void expo_family(struct evbuffer *out, const char *name, const char *type, const char *help)
+int expo_family(struct evbuffer *out, const char *name, const char *type, const char *help)
 {
     /* HELP text escaping: backslash and newline only. */
-    evbuffer_add_printf(out, "# HELP %s ", name);
+    int failed = evbuffer_add_printf(out, "# HELP %s ", name) < 0;
     for (const char *p = help; *p; p++) {
         if (*p == '\\')
-            evbuffer_add(out, "\\\\", 2);
+            failed |= evbuffer_add(out, "\\\\", 2) < 0;
         else if (*p == '\n')
-            evbuffer_add(out, "\\n", 2);
+            failed |= evbuffer_add(out, "\\n", 2) < 0;
         else
-            evbuffer_add(out, p, 1);
+            failed |= evbuffer_add(out, p, 1) < 0;
     }
-    evbuffer_add_printf(out, "\n# TYPE %s %s\n", name, type);
+    failed |= evbuffer_add_printf(out, "\n# TYPE %s %s\n", name, type) < 0;
+    return failed ? -1 : 0;
 }
 
 void expo_sample(struct evbuffer *out, const char *name, const char *labels, double value)
 {
-    expo_sample_more(out, name, labels, NULL, value);
+    (void)expo_sample_more(out, name, labels, NULL, value);
 }
 
-void expo_sample_more(struct evbuffer *out, const char *name, const char *labels,
-                      const char *more, double value)
+int expo_sample_more(struct evbuffer *out, const char *name, const char *labels,
+                     const char *more, double value)
 {
     /* One line, one evbuffer_add: a scrape is mostly samples. */
     char line[1024];
@@ -87,7 +88,7 @@ void expo_sample_more(struct evbuffer *out, const char *name, const char *labels
     size_t need = nl + ll + ml + numl + 5; /* braces, comma, space, newline */
     char *buf = need <= sizeof(line) ? line : thaw_malloc(need);
     if (!buf)
-        return; /* a sample short under memory pressure, not a torn line */
+        return -1; /* a line left out, not a torn one */
     size_t o = 0;
     memcpy(buf, name, nl);
     o += nl;
@@ -105,9 +106,10 @@ void expo_sample_more(struct evbuffer *out, const char *name, const char *labels
     memcpy(buf + o, num, numl);
     o += numl;
     buf[o++] = '\n';
-    evbuffer_add(out, buf, o);
+    int rc = evbuffer_add(out, buf, o) < 0 ? -1 : 0;
     if (buf != line)
         thaw_free(buf);
+    return rc;
 }
 
 int expo_labels(char *out, size_t outlen, ...)

@@ -15,16 +15,20 @@ struct evbuffer;
 /* Content type to serve the exposition with. */
 #define EXPO_CONTENT_TYPE "text/plain; version=0.0.4; charset=utf-8"
 
-/* Writes the # HELP and # TYPE lines. type: "counter", "gauge", "histogram". */
-void expo_family(struct evbuffer *out, const char *name, const char *type, const char *help);
+/* Writes the # HELP and # TYPE lines. type: "counter", "gauge", "histogram".
+ * Returns 0, or -1 when out could not grow (callers that must not send a
+ * page with a line missing check it). */
+int expo_family(struct evbuffer *out, const char *name, const char *type, const char *help);
 
 /* Writes `name{labels} value`. labels is a preformatted label list without
  * braces (from expo_labels) or NULL/"" for none. */
 void expo_sample(struct evbuffer *out, const char *name, const char *labels, double value);
 /* The same with a second preformatted label list appended to the first
- * (either may be NULL/""), so a fixed part can be formatted once and reused. */
-void expo_sample_more(struct evbuffer *out, const char *name, const char *labels,
-                      const char *more, double value);
+ * (either may be NULL/""), so a fixed part can be formatted once and reused.
+ * Returns 0, or -1 when the line could not be written (out of memory): then
+ * none of it was. */
+int expo_sample_more(struct evbuffer *out, const char *name, const char *labels,
+                     const char *more, double value);
 
 /* Formats k1="v1",k2="v2" from NULL-terminated key/value pairs, escaping values.
  * Returns the length written, or -1 if it did not fit (out is then ""). */

@@ -747,9 +747,13 @@ int main(int argc, char **argv)
      * default 128 KB trim threshold the freed top of the heap went back to
      * the kernel each time and was faulted in again by the next interval:
      * 70 ms of CPU per interval at 10 000 models instead of 45 (BENCHMARKS.md).
-     * What the scaler used once it uses again a second later: keep it. */
-#ifdef M_TRIM_THRESHOLD
+     * What the scaler used once it uses again a second later: keep it.
+     * Setting the trim threshold ends glibc's dynamic mmap threshold, so
+     * blocks up to 32 MB (the page's row arrays, the Prometheus body) are
+     * set to come from that heap too, not mmap'ed and unmapped each time. */
+#if defined(M_TRIM_THRESHOLD) && defined(M_MMAP_THRESHOLD)
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
 #endif
 
     enum options_result r = options_parse(

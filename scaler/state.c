@@ -994,39 +994,42 @@ struct scaler_page *scaler_state_metrics_page(const struct scaler_state *st, int
         pg->nmodels++;
     }
 
-    expo_family(pg->head, "thaw_scaler_targets", "gauge",
-                "ScaledObject triggers known to the scaler.");
-    expo_sample(pg->head, "thaw_scaler_targets", NULL, (double)nt);
+    if (expo_family(pg->head, "thaw_scaler_targets", "gauge",
+                    "ScaledObject triggers known to the scaler.") < 0 ||
+        expo_sample_more(pg->head, "thaw_scaler_targets", NULL, NULL, (double)nt) < 0)
+        goto fail;
 
-    expo_family(pg->tail, "thaw_scaler_source_up", "gauge",
-                "1 when the source's last round trip succeeded.");
+    int failed = expo_family(pg->tail, "thaw_scaler_source_up", "gauge",
+                             "1 when the source's last round trip succeeded.");
     for (int s = 0; s < SOURCE_COUNT; s++) {
         expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
-        expo_sample(pg->tail, "thaw_scaler_source_up", labels,
-                    (st->src[s].ever_ok && !st->src[s].failing) ? 1 : 0);
+        failed |= expo_sample_more(pg->tail, "thaw_scaler_source_up", labels, NULL,
+                                   (st->src[s].ever_ok && !st->src[s].failing) ? 1 : 0);
     }
-    expo_family(pg->tail, "thaw_scaler_source_errors_total", "counter",
-                "Failed source round trips.");
+    failed |= expo_family(pg->tail, "thaw_scaler_source_errors_total", "counter",
+                          "Failed source round trips.");
     for (int s = 0; s < SOURCE_COUNT; s++) {
         expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
-        expo_sample(pg->tail, "thaw_scaler_source_errors_total", labels,
-                    (double)st->src[s].errors);
+        failed |= expo_sample_more(pg->tail, "thaw_scaler_source_errors_total", labels, NULL,
+                                   (double)st->src[s].errors);
     }
-    expo_family(pg->tail, "thaw_scaler_source_updates_total", "counter",
-                "Successful source round trips.");
+    failed |= expo_family(pg->tail, "thaw_scaler_source_updates_total", "counter",
+                          "Successful source round trips.");
     for (int s = 0; s < SOURCE_COUNT; s++) {
         expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
-        expo_sample(pg->tail, "thaw_scaler_source_updates_total", labels,
-                    (double)st->src[s].updates);
+        failed |= expo_sample_more(pg->tail, "thaw_scaler_source_updates_total", labels, NULL,
+                                   (double)st->src[s].updates);
     }
-    expo_family(pg->tail, "thaw_scaler_source_staleness_seconds", "gauge",
-                "Seconds since the source last succeeded (since start if never).");
+    failed |= expo_family(pg->tail, "thaw_scaler_source_staleness_seconds", "gauge",
+                          "Seconds since the source last succeeded (since start if never).");
     for (int s = 0; s < SOURCE_COUNT; s++) {
         int64_t since = st->src[s].ever_ok ? st->src[s].last_ok_ms : st->start_ms;
         expo_labels(labels, sizeof(labels), "source", source_names[s], (char *)NULL);
-        expo_sample(pg->tail, "thaw_scaler_source_staleness_seconds", labels,
-                    (double)(now_ms - since) / 1000.0);
+        failed |= expo_sample_more(pg->tail, "thaw_scaler_source_staleness_seconds", labels, NULL,
+                                   (double)(now_ms - since) / 1000.0);
     }
+    if (failed)
+        goto fail;
     return pg;
 fail:
     scaler_page_free(pg);
@@ -1037,11 +1040,11 @@ fail:
  * decisions. rate() misses a series that appears at 1, so these two are
  * exposed at 0 from the model's first target on; the other 22 pairs appear
  * with their first decision (24 zero series per model would be most of
- * /metrics at 10 000 models). Returns the samples written. */
-static size_t write_model_decisions(struct evbuffer *out, const char *model_labels,
-                                    const struct model_row *row)
+ * /metrics at 10 000 models). Adds the samples written to *n; -1 when one
+ * could not be written. */
+static int write_model_decisions(struct evbuffer *out, const char *model_labels,
+                                 const struct model_row *row, size_t *n)
 {
-    size_t n = 0;
     char more[96];
     for (int d = 0; d < 3; d++) {
         for (int r = 0; r < POLICY_REASON_COUNT; r++) {
@@ -1053,12 +1056,13 @@ static size_t write_model_decisions(struct evbuffer *out, const char *model_labe
             snprintf(more, sizeof(more), "direction=\"%s\",reason=\"%s\"",
                      policy_direction_to_str((enum policy_direction)d),
                      policy_reason_to_str((enum policy_reason)r));
-            expo_sample_more(out, "thaw_scaler_decisions_total", model_labels, more,
-                             (double)row->decisions[d][r]);
-            n++;
+            if (expo_sample_more(out, "thaw_scaler_decisions_total", model_labels, more,
+                                 (double)row->decisions[d][r]) < 0)
+                return -1;
+            (*n)++;
         }
     }
-    return n;
+    return 0;
 }
 
 /* Room for the next ROOM_SAMPLES samples in one chain. evbuffer_add alone
@@ -1087,9 +1091,9 @@ static int metrics_page_step(struct scaler_page *pg, struct evbuffer *out, size_
         }
         if (sec < SECTION_MODELS) {
             int f = sec - SECTION_TARGETS;
-            if (pg->row == 0)
-                expo_family(out, per_target_family[f][0], per_target_family[f][1],
-                            per_target_family[f][2]);
+            if (pg->row == 0 && expo_family(out, per_target_family[f][0], per_target_family[f][1],
+                                            per_target_family[f][2]) < 0)
+                return -1;
             for (; pg->row < pg->ntargets && done < budget; pg->row++) {
                 const struct target_row *row = &pg->targets[pg->row];
                 if (!(row->present & (1u << f)))
@@ -1103,30 +1107,35 @@ static int metrics_page_step(struct scaler_page *pg, struct evbuffer *out, size_
                              policy_direction_to_str((enum policy_direction)row->direction));
                     more_labels = more;
                 }
-                expo_sample_more(out, per_target_family[f][0], pg->arena + row->labels,
-                                 more_labels, row->v[f]);
+                if (expo_sample_more(out, per_target_family[f][0], pg->arena + row->labels,
+                                     more_labels, row->v[f]) < 0)
+                    return -1;
                 done++;
             }
         } else if (sec < SECTION_DECISIONS) {
             int f = sec - SECTION_MODELS;
-            if (pg->row == 0)
-                expo_family(out, per_model_family[f][0], per_model_family[f][1],
-                            per_model_family[f][2]);
+            if (pg->row == 0 && expo_family(out, per_model_family[f][0], per_model_family[f][1],
+                                            per_model_family[f][2]) < 0)
+                return -1;
             for (; pg->row < pg->nmodels && done < budget; pg->row++, done++) {
                 if (done >= room_at && make_room(out, done, &room_at) < 0)
                     return -1;
-                expo_sample(out, per_model_family[f][0], pg->arena + pg->models[pg->row].labels,
-                            pg->models[pg->row].v[f]);
+                if (expo_sample_more(out, per_model_family[f][0],
+                                     pg->arena + pg->models[pg->row].labels, NULL,
+                                     pg->models[pg->row].v[f]) < 0)
+                    return -1;
             }
         } else {
-            if (pg->row == 0)
-                expo_family(out, "thaw_scaler_decisions_total", "counter",
-                            "Decision changes per model, by direction and reason.");
+            if (pg->row == 0 && expo_family(out, "thaw_scaler_decisions_total", "counter",
+                                            "Decision changes per model, by direction and "
+                                            "reason.") < 0)
+                return -1;
             for (; pg->row < pg->nmodels && done < budget; pg->row++) {
                 if (done >= room_at && make_room(out, done, &room_at) < 0)
                     return -1;
-                done += write_model_decisions(out, pg->arena + pg->models[pg->row].labels,
-                                              &pg->models[pg->row]);
+                if (write_model_decisions(out, pg->arena + pg->models[pg->row].labels,
+                                          &pg->models[pg->row], &done) < 0)
+                    return -1;
             }
         }
         size_t rows = sec < SECTION_MODELS ? pg->ntargets : pg->nmodels;

