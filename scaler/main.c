@@ -319,9 +319,7 @@ struct page_job {
     struct evhttp_request *req; /* evhttp keeps it until we reply, even if the peer left */
     struct scaler_page *page;
     struct evbuffer *out;
-    const char *type; /* Content-Type */
-    size_t step;      /* budget of one step */
-    bool newline;     /* end the page with one (JSON) */
+    bool json; /* /models: JSON, MODELS_STEP targets a step, a final newline */
     struct event *next_step;
     struct page_job *prev, *next;
 };
@@ -349,7 +347,8 @@ static void page_job_step(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct page_job *j = arg;
-    int rc = scaler_page_step(j->page, j->app->st, j->out, clock_mono_ms(), j->step);
+    int rc = scaler_page_step(j->page, j->app->st, j->out, clock_mono_ms(),
+                              j->json ? MODELS_STEP : METRICS_STEP);
     if (rc == 0) {
         /* A zero timeout runs after the I/O the loop has ready. */
         static const struct timeval now = {0, 0};
@@ -357,12 +356,12 @@ static void page_job_step(evutil_socket_t fd, short what, void *arg)
             return;
         rc = -1;
     }
-    if (rc > 0 && j->newline)
+    if (rc > 0 && j->json)
         rc = evbuffer_add(j->out, "\n", 1) == 0 ? 1 : -1;
     if (rc < 0)
         evhttp_send_error(j->req, 500, "out of memory");
     else
-        reply(j->req, 200, j->type, j->out);
+        reply(j->req, 200, j->json ? "application/json" : EXPO_CONTENT_TYPE, j->out);
     page_job_free(j);
 }
 
@@ -392,9 +391,7 @@ static void page_job_start(struct app *app, struct evhttp_request *req, struct s
     j->app = app;
     j->req = req;
     j->page = page;
-    j->type = json ? "application/json" : EXPO_CONTENT_TYPE;
-    j->newline = json;
-    j->step = json ? MODELS_STEP : METRICS_STEP;
+    j->json = json;
     j->out = evbuffer_new();
     j->next_step = evtimer_new(app->base, page_job_step, j);
     j->next = app->jobs;
