@@ -29,14 +29,18 @@ const char *grpc_read_result_to_str(enum grpc_read_result res)
     case GRPC_READ_COMPRESSED: return "compressed message but no compression was negotiated";
     case GRPC_READ_BAD_FLAG: return "invalid compressed-flag byte";
     case GRPC_READ_NOMEM: return "out of memory";
+    case GRPC_READ_OVER_BUDGET: return "over the budget for requests in progress";
     }
     return "unknown";
 }
 
-void grpc_reader_init(struct grpc_reader *r, size_t max_len)
+void grpc_reader_init(struct grpc_reader *r, size_t max_len, grpc_reader_reserve_fn reserve,
+                      void *reserve_ud)
 {
     memset(r, 0, sizeof(*r));
     r->max_len = max_len;
+    r->reserve = reserve;
+    r->reserve_ud = reserve_ud;
 }
 
 void grpc_reader_finish(struct grpc_reader *r)
@@ -45,14 +49,48 @@ void grpc_reader_finish(struct grpc_reader *r)
         return;
     thaw_free(r->msg);
     r->msg = NULL;
+    r->msg_cap = 0;
 }
 
 static void reset_for_next(struct grpc_reader *r)
 {
     thaw_free(r->msg);
     r->msg = NULL;
-    r->msg_len = r->msg_have = r->header_have = 0;
+    r->msg_cap = r->msg_len = r->msg_have = r->header_have = 0;
     r->ready = 0;
+}
+
+/* First allocation for a message; it doubles from there. Most requests
+ * (a ScaledObjectRef and its metadata) fit in it at once. */
+#define GRPC_READER_FIRST_CAP 16384
+
+/* Makes room for `need` bytes of the message (need <= msg_len), plus the
+ * NUL kept after a whole message. */
+static enum grpc_read_result reader_grow(struct grpc_reader *r, size_t need)
+{
+    size_t full = r->msg_len + 1;
+    if (need + 1 <= r->msg_cap)
+        return GRPC_READ_INCOMPLETE;
+    size_t cap = r->msg_cap ? r->msg_cap * 2 : GRPC_READER_FIRST_CAP;
+    if (cap < need + 1)
+        cap = need + 1;
+    if (cap > full)
+        cap = full;
+    /* Allocated before the budget is asked, so that what the budget granted
+     * is always held. */
+    uint8_t *m = thaw_malloc(cap);
+    if (!m)
+        return GRPC_READ_NOMEM;
+    if (r->reserve && r->reserve(r->reserve_ud, cap - r->msg_cap) != 0) {
+        thaw_free(m);
+        return GRPC_READ_OVER_BUDGET;
+    }
+    if (r->msg_have)
+        memcpy(m, r->msg, r->msg_have);
+    thaw_free(r->msg);
+    r->msg = m;
+    r->msg_cap = cap;
+    return GRPC_READ_INCOMPLETE;
 }
 
 enum grpc_read_result grpc_reader_feed(struct grpc_reader *r, const uint8_t *data, size_t len,
@@ -86,20 +124,23 @@ enum grpc_read_result grpc_reader_feed(struct grpc_reader *r, const uint8_t *dat
                 return GRPC_READ_TOO_LARGE;
             }
             r->msg_have = 0;
-            /* +1 so an empty message still has a buffer to point at. */
-            r->msg = thaw_malloc(r->msg_len + 1);
-            if (!r->msg) {
-                *consumed = used;
-                return GRPC_READ_NOMEM;
-            }
         }
         size_t take = r->msg_len - r->msg_have;
         if (take > len - used)
             take = len - used;
+        if (take == 0 && r->msg_len > 0)
+            break; /* nothing of the message yet: nothing to hold */
+        /* An empty message still gets a buffer to point at. */
+        enum grpc_read_result g = reader_grow(r, r->msg_have + take);
+        if (g != GRPC_READ_INCOMPLETE) {
+            *consumed = used;
+            return g;
+        }
         memcpy(r->msg + r->msg_have, data + used, take);
         r->msg_have += take;
         used += take;
         if (r->msg_have == r->msg_len) {
+            r->msg[r->msg_len] = 0;
             r->ready = 1;
             *consumed = used;
             return GRPC_READ_MESSAGE;
@@ -115,6 +156,17 @@ const uint8_t *grpc_reader_message(struct grpc_reader *r, size_t *len)
         return NULL;
     *len = r->msg_len;
     return r->msg;
+}
+
+uint8_t *grpc_reader_take_message(struct grpc_reader *r, size_t *len)
+{
+    if (!r->ready)
+        return NULL;
+    uint8_t *m = r->msg;
+    *len = r->msg_len;
+    r->msg = NULL;
+    reset_for_next(r);
+    return m;
 }
 
 int grpc_reader_partial(const struct grpc_reader *r)

@@ -37,6 +37,9 @@ struct grpc_call {
     struct grpc_reader reader;
     uint8_t *request;
     size_t request_len;
+    size_t request_bytes; /* charged to the server's budget: the reader's buffer and request */
+    struct event *upload_timer; /* until the request has ended: reset the stream at expiry */
+    int request_ended;          /* the peer ended its side of the stream */
     int messages;
     int responded;  /* a response (or error) has been submitted */
     int handed;     /* the handler owns the call until finish or cancel */
@@ -82,6 +85,10 @@ struct grpc_server {
     struct conn *conns;
     size_t nconns;
     size_t streams_open;
+    size_t request_bytes; /* held by requests in progress, at most limits.max_request_bytes */
+    uint64_t requests_over_budget;
+    uint64_t request_timeouts;
+    int64_t over_budget_logged_ms; /* one log line per 10 s at most */
     int shutting_down;
     uint64_t connections_rejected;
     uint64_t accept_pauses;       /* out of descriptors or memory: accepting paused */
@@ -266,10 +273,64 @@ static void call_release(struct grpc_call *call, int run_cancel)
         call->next->prev = call->prev;
     c->ncalls--;
     c->srv->streams_open--;
+    if (call->upload_timer)
+        event_free(call->upload_timer);
     grpc_reader_finish(&call->reader);
     thaw_free(call->request);
+    c->srv->request_bytes -= call->request_bytes;
     evbuffer_free(call->out);
     thaw_free(call);
+}
+
+/* The reader's budget: bytes held by requests in progress, server-wide. */
+static int call_reserve(void *ud, size_t bytes)
+{
+    struct grpc_call *call = ud;
+    struct grpc_server *srv = call->conn->srv;
+    if (bytes > srv->limits.max_request_bytes - srv->request_bytes)
+        return -1;
+    srv->request_bytes += bytes;
+    call->request_bytes += bytes;
+    return 0;
+}
+
+static void call_uncharge(struct grpc_call *call, size_t bytes)
+{
+    if (bytes > call->request_bytes)
+        bytes = call->request_bytes;
+    call->request_bytes -= bytes;
+    call->conn->srv->request_bytes -= bytes;
+}
+
+/* After an error response the rest of the upload is discarded: the part
+ * already read goes now, not when the peer ends the stream. */
+static void call_drop_upload(struct grpc_call *call)
+{
+    call_uncharge(call, call->reader.msg_cap);
+    grpc_reader_finish(&call->reader);
+}
+
+/* A request that has not ended within the timeout (a peer that announces a
+ * message and stalls, or keeps uploading after an error reply) would hold
+ * its stream and its part of the budget for as long as it likes. */
+static void upload_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    struct grpc_call *call = arg;
+    struct conn *c = call->conn;
+    if (!call->responded) {
+        c->srv->request_timeouts++;
+        call->responded = 1;
+        call->finished = 1;
+        call->status = GRPC_STATUS_DEADLINE_EXCEEDED;
+        record_done(call);
+    }
+    LOG_INFO("grpc_request_timeout", "peer=%s stream=%d timeout_ms=%lld", c->peer,
+             call->stream_id, (long long)c->srv->limits.request_timeout_ms);
+    call_drop_upload(call);
+    nghttp2_submit_rst_stream(c->session, NGHTTP2_FLAG_NONE, call->stream_id, NGHTTP2_CANCEL);
+    conn_schedule_flush(c);
 }
 
 static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame, void *user_data)
@@ -281,7 +342,14 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
     if (!call)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* resets just this stream */
     call->out = evbuffer_new();
-    if (!call->out) {
+    call->upload_timer = evtimer_new(c->srv->base, upload_timeout_cb, call);
+    struct timeval upload = {(time_t)(c->srv->limits.request_timeout_ms / 1000),
+                             (suseconds_t)(c->srv->limits.request_timeout_ms % 1000 * 1000)};
+    if (!call->out || !call->upload_timer || evtimer_add(call->upload_timer, &upload) != 0) {
+        if (call->out)
+            evbuffer_free(call->out);
+        if (call->upload_timer)
+            event_free(call->upload_timer);
         thaw_free(call);
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
     }
@@ -289,7 +357,7 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
     call->stream_id = frame->hd.stream_id;
     call->method = UNKNOWN_METHOD;
     call->start_us = clock_mono_us();
-    grpc_reader_init(&call->reader, c->srv->limits.max_message);
+    grpc_reader_init(&call->reader, c->srv->limits.max_message, call_reserve, call);
     call->next = c->calls;
     if (c->calls)
         c->calls->prev = call;
@@ -357,7 +425,12 @@ static void dispatch(struct grpc_call *call)
     }
     const struct grpc_method *m = &srv->methods[call->method];
     call->handed = 1;
+    /* dispatch runs inside nghttp2_session_mem_recv, where no stream is
+     * closed: the call outlives the handler even if it finished it. */
     m->handler(m->ud, call, call->request, call->request_len);
+    thaw_free(call->request);
+    call->request = NULL;
+    call_uncharge(call, call->request_len + 1);
 }
 
 static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, void *user_data)
@@ -384,8 +457,11 @@ static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
         else if (call->method == UNKNOWN_METHOD)
             call_fail(call, GRPC_STATUS_UNIMPLEMENTED, "unknown method");
     }
-    if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM)
+    if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
+        call->request_ended = 1;
+        event_del(call->upload_timer);
         dispatch(call);
+    }
     return 0;
 }
 
@@ -402,28 +478,48 @@ static int on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream
         len -= used;
         if (r == GRPC_READ_MESSAGE) {
             size_t mlen = 0;
-            const uint8_t *m = grpc_reader_message(&call->reader, &mlen);
+            uint8_t *m = grpc_reader_take_message(&call->reader, &mlen);
             if (++call->messages == 1) {
-                call->request = thaw_malloc(mlen + 1);
-                if (!call->request) {
-                    call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
-                    return 0;
-                }
-                memcpy(call->request, m, mlen);
+                call->request = m;
                 call->request_len = mlen;
+            } else {
+                /* A unary request has one message; dispatch refuses the call. */
+                thaw_free(m);
+                call_uncharge(call, mlen + 1);
             }
-        } else if (r == GRPC_READ_TOO_LARGE) {
+            continue;
+        }
+        struct grpc_server *srv = call->conn->srv;
+        if (r == GRPC_READ_TOO_LARGE) {
             char msg[128];
             snprintf(msg, sizeof(msg), "request message larger than the limit of %zu bytes",
-                     call->conn->srv->limits.max_message);
+                     srv->limits.max_message);
             call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
-            return 0;
+        } else if (r == GRPC_READ_OVER_BUDGET) {
+            srv->requests_over_budget++;
+            int64_t now = clock_mono_ms();
+            if (now - srv->over_budget_logged_ms >= 10000 || !srv->over_budget_logged_ms) {
+                srv->over_budget_logged_ms = now;
+                LOG_WARN("grpc_request_budget_full",
+                         "peer=%s held_bytes=%zu limit_bytes=%zu refused_total=%llu", call->conn->peer,
+                         srv->request_bytes, srv->limits.max_request_bytes,
+                         (unsigned long long)srv->requests_over_budget);
+            }
+            char msg[160];
+            snprintf(msg, sizeof(msg),
+                     "requests in progress hold %zu bytes, the limit is %zu: retry later",
+                     srv->request_bytes, srv->limits.max_request_bytes);
+            call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+        } else if (r == GRPC_READ_NOMEM) {
+            call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
         } else if (r == GRPC_READ_COMPRESSED) {
             call_fail(call, GRPC_STATUS_UNIMPLEMENTED,
                       "compressed request but no grpc-encoding is supported");
-            return 0;
         } else if (r < 0) {
             call_fail(call, GRPC_STATUS_INTERNAL, grpc_read_result_to_str(r));
+        }
+        if (r < 0) {
+            call_drop_upload(call);
             return 0;
         }
     }
@@ -700,6 +796,10 @@ struct grpc_server *grpc_server_new(struct event_base *base, const struct grpc_m
         srv->limits.max_connections = 10000;
     if (!srv->limits.max_output_buffer)
         srv->limits.max_output_buffer = 1u << 20;
+    if (!srv->limits.max_request_bytes)
+        srv->limits.max_request_bytes = (size_t)64 << 20;
+    if (srv->limits.request_timeout_ms <= 0)
+        srv->limits.request_timeout_ms = 10000;
     srv->stats = thaw_calloc(nmethods + 1, sizeof(*srv->stats));
     if (!srv->stats) {
         thaw_free(srv);
@@ -809,6 +909,8 @@ void grpc_server_shutdown(struct grpc_server *srv)
 
 size_t grpc_server_connection_count(const struct grpc_server *srv) { return srv->nconns; }
 
+size_t grpc_server_request_bytes(const struct grpc_server *srv) { return srv->request_bytes; }
+
 void grpc_server_set_tls(struct grpc_server *srv, struct tls_server *tls) { srv->tls = tls; }
 
 void grpc_server_write_metrics(const struct grpc_server *srv, struct evbuffer *out,
@@ -842,6 +944,18 @@ void grpc_server_write_metrics(const struct grpc_server *srv, struct evbuffer *o
     snprintf(name, sizeof(name), "%s_grpc_server_streams_open", prefix);
     expo_family(out, name, "gauge", "Open gRPC streams, streaming calls included.");
     expo_sample(out, name, NULL, (double)srv->streams_open);
+    snprintf(name, sizeof(name), "%s_grpc_server_request_bytes", prefix);
+    expo_family(out, name, "gauge",
+                "Bytes held by request messages in progress (read, not yet handled).");
+    expo_sample(out, name, NULL, (double)srv->request_bytes);
+    snprintf(name, sizeof(name), "%s_grpc_server_requests_refused_total", prefix);
+    expo_family(out, name, "counter",
+                "Calls refused before their request was handled: the budget for requests in "
+                "progress was full (over_budget), or the request did not end in time (timeout).");
+    expo_labels(labels, sizeof(labels), "reason", "over_budget", (char *)NULL);
+    expo_sample(out, name, labels, (double)srv->requests_over_budget);
+    expo_labels(labels, sizeof(labels), "reason", "timeout", (char *)NULL);
+    expo_sample(out, name, labels, (double)srv->request_timeouts);
     snprintf(name, sizeof(name), "%s_grpc_server_connections_rejected_total", prefix);
     expo_family(out, name, "counter", "Connections closed at accept (limit or shutdown).");
     expo_sample(out, name, NULL, (double)srv->connections_rejected);

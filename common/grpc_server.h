@@ -11,8 +11,12 @@
  * Promises: malformed HTTP/2 closes only that connection (GOAWAY); unknown
  * methods get UNIMPLEMENTED; a wrong content-type gets HTTP 415; a request
  * message over max_message gets RESOURCE_EXHAUSTED; zero or several request
- * messages get INTERNAL; output per connection is bounded (backpressure,
- * not unbounded buffering); a connection that has not sent the HTTP/2
+ * messages get INTERNAL; requests in progress hold at most max_request_bytes
+ * among them, server-wide (a peer that announces big messages on many streams
+ * cannot take the memory: the call that would go over gets
+ * RESOURCE_EXHAUSTED); a request not complete within request_timeout_ms of
+ * its headers has its stream reset; output per connection is bounded
+ * (backpressure, not unbounded buffering); a connection that has not sent the HTTP/2
  * preface and SETTINGS within 10 s (TLS handshake included) is closed, one
  * that has may idle; calls and latency are counted per method and status.
  * Single-threaded: everything runs on the given event loop. */
@@ -28,6 +32,7 @@ struct grpc_server;
 struct grpc_call;
 struct tls_server;
 
+/* msg is valid during the call only (it is freed when the handler returns). */
 typedef void (*grpc_handler_fn)(void *ud, struct grpc_call *call, const uint8_t *msg,
                                 size_t len);
 /* Called once when a call ends without the handler finishing it (peer reset,
@@ -45,6 +50,8 @@ struct grpc_server_limits {
     uint32_t max_streams;        /* per connection (SETTINGS); default 1000 */
     size_t max_connections;      /* default 10000; extra ones are closed at accept */
     size_t max_output_buffer;    /* per connection, before backpressure; default 1 MiB */
+    size_t max_request_bytes;    /* held by requests in progress, server-wide; default 64 MiB */
+    int64_t request_timeout_ms;  /* headers to the request's end; default 10 s */
 };
 
 /* methods (and the strings in them) must outlive the server. limits may be
@@ -69,6 +76,8 @@ int grpc_server_listen(struct grpc_server *srv, const char *host, int port, int 
  * unary calls finish. Connections close when their streams are done. */
 void grpc_server_shutdown(struct grpc_server *srv);
 size_t grpc_server_connection_count(const struct grpc_server *srv);
+/* Bytes held by requests in progress (the budget in use). */
+size_t grpc_server_request_bytes(const struct grpc_server *srv);
 
 /* Queues one response message (copied). Returns 0, or -1 if the call is
  * finished, out of memory, or already has max_output_buffer bytes waiting

@@ -50,6 +50,8 @@ struct settings {
     double held_fresh_seconds;
     double target_expiry_seconds;
     long max_connections;
+    long max_request_bytes;
+    double request_timeout_seconds;
     double shutdown_timeout_seconds;
     char *tls_cert_file;
     char *tls_key_file;
@@ -107,6 +109,13 @@ static const struct opt_def option_defs[] = {
      "targetExpirySeconds"},
     {"max-connections", OPT_INT, S(max_connections), "10000", 1, 1000000,
      "gRPC connections accepted at once", "maxConnections"},
+    {"max-request-bytes", OPT_INT, S(max_request_bytes), "67108864", 65536, 1073741824,
+     "bytes that gRPC request messages still being read may hold, all connections together; "
+     "a call that would go over gets RESOURCE_EXHAUSTED (KEDA's requests are a few KB)",
+     "maxRequestBytes"},
+    {"request-timeout-seconds", OPT_DOUBLE, S(request_timeout_seconds), "10", 0.1, 600,
+     "a gRPC request whose message has not all arrived this long after its headers is reset",
+     "requestTimeoutSeconds"},
     {"shutdown-timeout-seconds", OPT_DOUBLE, S(shutdown_timeout_seconds), "5", 0, 600,
      "on SIGTERM, how long to wait for connections to close", "shutdownTimeoutSeconds"},
     {"tls-cert-file", OPT_STRING, S(tls_cert_file), NULL, 0, 0,
@@ -803,7 +812,11 @@ int main(int argc, char **argv)
     }
     size_t nmethods = 0;
     const struct grpc_method *methods = scaler_service_methods(app.svc, &nmethods);
-    struct grpc_server_limits limits = {.max_connections = (size_t)app.cfg.max_connections};
+    struct grpc_server_limits limits = {
+        .max_connections = (size_t)app.cfg.max_connections,
+        .max_request_bytes = (size_t)app.cfg.max_request_bytes,
+        .request_timeout_ms = (int64_t)(app.cfg.request_timeout_seconds * 1000),
+    };
     app.grpc = grpc_server_new(app.base, methods, nmethods, &limits);
     if (app.grpc && setup_tls(&app, err, sizeof(err)) != 0) {
         LOG_ERROR("startup_failed", "error=%s", log_quote(q1, sizeof(q1), err));

@@ -74,13 +74,20 @@ static void check_percent(const char *orig, size_t outlen)
     free(out);
 }
 
+static int count_reserved(void *ud, size_t bytes)
+{
+    *(size_t *)ud += bytes;
+    return 0;
+}
+
 static void read_stream(const uint8_t *s, size_t n, size_t max_len, const uint8_t *seed,
                         size_t seed_len, struct outcome *oc)
 {
     struct fuzz_rng rng;
     fuzz_rng_seed(&rng, seed, seed_len);
     struct grpc_reader r;
-    grpc_reader_init(&r, max_len);
+    size_t reserved = 0; /* since the current message began */
+    grpc_reader_init(&r, max_len, count_reserved, &reserved);
     memset(oc, 0, sizeof(*oc));
     size_t off = 0;
     enum grpc_read_result res = GRPC_READ_INCOMPLETE;
@@ -92,6 +99,11 @@ static void read_stream(const uint8_t *s, size_t n, size_t max_len, const uint8_
         size_t used = (size_t)-1;
         res = grpc_reader_feed(&r, s + off, chunk, &used);
         FUZZ_CHECK(used <= chunk, "consumed %zu of %zu", used, chunk);
+        /* It holds what arrived (a declared length reserves nothing), and the
+         * budget was asked for all of it. */
+        FUZZ_CHECK(r.msg_cap == reserved, "holds %zu, reserved %zu", r.msg_cap, reserved);
+        FUZZ_CHECK(r.msg_cap <= 16384 || r.msg_cap <= 2 * (r.msg_have + 1),
+                   "holds %zu for %zu bytes read", r.msg_cap, r.msg_have);
         off += used;
         if (res == GRPC_READ_MESSAGE) {
             size_t mlen = 0;
@@ -105,6 +117,7 @@ static void read_stream(const uint8_t *s, size_t n, size_t max_len, const uint8_
                 oc->msg_len[oc->nmsg] = mlen;
             }
             oc->nmsg++;
+            reserved = 0; /* the next feed frees this message first */
             if (mlen < 4096) {
                 char *text = fuzz_strndup(m, mlen);
                 if (text) {

@@ -174,6 +174,8 @@ static void run(const uint8_t *data, size_t size, bool checks)
         limits.max_message = 1024;
     if (opts & 8)
         limits.max_output_buffer = 4096;
+    if (opts & 16)
+        limits.max_request_bytes = 20000; /* a second stream's first 16 KiB goes over */
     srv = grpc_server_new(base, methods, nmethods, &limits);
     if (!srv)
         goto out;
@@ -226,6 +228,8 @@ static void run(const uint8_t *data, size_t size, bool checks)
         event_base_loop(base, EVLOOP_NONBLOCK);
     if (checks) {
         FUZZ_CHECK(grpc_server_connection_count(srv) == 0, "connection kept after a reset");
+        FUZZ_CHECK(grpc_server_request_bytes(srv) == 0, "%zu request bytes kept after the close",
+                   grpc_server_request_bytes(srv));
         FUZZ_CHECK(scaler_service_stream_count(svc) == 0, "%zu streams kept after the close",
                    scaler_service_stream_count(svc));
     }

@@ -1,8 +1,9 @@
 // thaw-scaler's gRPC surface against real clients: every RPC of
 // externalscaler.ExternalScaler and grpc.health.v1.Health through grpc-js,
 // every error path (metadata, protobuf, unknown methods, oversized messages,
-// wrong content-type through node:http2, garbage on raw sockets), and load:
-// 200 concurrent calls over 20 connections, 500 open streams.
+// wrong content-type through node:http2, garbage on raw sockets), load:
+// 200 concurrent calls over 20 connections, 500 open streams, and uploads
+// that announce big messages and stall (memory bounded, streams reset).
 //
 // Peers are real: a redis-server (queue lengths, wake messages) and a
 // prometheus with no scrape targets (its empty answer is a valid one, so the
@@ -19,6 +20,7 @@ import {
   deadUrl, getDesired, respConnect, sampleValue, scaledObjectRef, separateConnectionClient, sleep,
   startScaler, statusName, unary, waitDesired,
 } from './lib/scaler_env.mjs';
+import { rssKiB, underSanitizer, underValgrind } from './faults_lib.mjs';
 
 let redis;
 let prom;
@@ -576,6 +578,126 @@ test('--max-connections: extra connections are closed at accept, the others keep
     assert.deepEqual(await small.client.healthCheck('', { deadlineMs: 5000 }), { status: 'SERVING' });
   } finally {
     for (const s of socks) s.destroy();
+    assert.equal(await small.stop(), 0);
+  }
+});
+
+/**
+ * Opens a GetMetrics stream on session that announces a message of `declared`
+ * bytes, sends `send` bytes of it and never ends. Resolves when the stream
+ * closes to {status (grpc-status of a reply, or null), message, rstCode,
+ * closedAfterMs}.
+ */
+function stalledUpload(session, declared, send) {
+  return new Promise((resolve) => {
+    const t0 = performance.now();
+    const req = session.request({
+      ':method': 'POST', ':path': '/externalscaler.ExternalScaler/GetMetrics',
+      'content-type': 'application/grpc', te: 'trailers',
+    });
+    const out = { status: null, message: null, rstCode: null, closedAfterMs: null };
+    const take = (h) => {
+      if (h['grpc-status'] !== undefined) {
+        out.status = Number(h['grpc-status']);
+        out.message = decodeURIComponent(h['grpc-message'] ?? '');
+      }
+    };
+    req.on('response', take);
+    req.on('trailers', take);
+    req.on('error', () => {}); // the reset is what is measured, below
+    req.on('close', () => {
+      out.rstCode = req.rstCode;
+      out.closedAfterMs = performance.now() - t0;
+      resolve(out);
+    });
+    const prefix = Buffer.alloc(5);
+    prefix.writeUInt32BE(declared, 1);
+    req.write(prefix);
+    if (send > 0) req.write(Buffer.alloc(send, 0x61));
+  });
+}
+
+test('requests in progress: memory bounded by --max-request-bytes, stalled uploads reset after --request-timeout-seconds', async (t) => {
+  const budget = 1 << 20;
+  const small = await startScaler({
+    prometheusUrl: prom.url, redisUrl: redis.url, name: 'thaw-scaler-budget',
+    flags: { 'max-request-bytes': budget, 'request-timeout-seconds': 1 },
+  });
+  const sessions = [];
+  let sampling = true;
+  let sampler = Promise.resolve();
+  try {
+    await small.client.waitForReady(5000);
+    const rss0 = rssKiB(small.proc.pid);
+    // 4 connections x 16 streams, each announcing 4 MiB and sending 512 KiB
+    // of it (one fits the budget alone): 32 MiB offered against 1 MiB.
+    let peakKiB = rss0;
+    let peakHeld = 0;
+    sampler = (async () => {
+      while (sampling) {
+        peakKiB = Math.max(peakKiB, rssKiB(small.proc.pid));
+        const m = await small.metrics();
+        peakHeld = Math.max(peakHeld, sampleValue(m, 'thaw_scaler_grpc_server_request_bytes'));
+        await sleep(20);
+      }
+    })();
+    const uploads = [];
+    for (let i = 0; i < 4; i++) {
+      // Node would refuse to queue this much (maxSessionMemory, 10 MB by default).
+      const s = http2.connect(`http://127.0.0.1:${small.grpcPort}`, { maxSessionMemory: 1000 });
+      s.on('error', () => {});
+      sessions.push(s);
+      for (let j = 0; j < 16; j++) uploads.push(stalledUpload(s, 4 << 20, 512 << 10));
+    }
+    let timer;
+    const results = await Promise.race([Promise.all(uploads), new Promise((_, reject) => {
+      timer = setTimeout(() => reject(new Error('stalled uploads still open after 10 s')), 10000);
+    })]).finally(() => clearTimeout(timer));
+    sampling = false;
+    await sampler;
+    const refused = results.filter((r) => r.status === grpcStatus.RESOURCE_EXHAUSTED);
+    t.diagnostic(`RSS ${rss0} -> peak ${peakKiB} KiB; budget held at most ${peakHeld} bytes; ` +
+      `${refused.length} of ${results.length} refused over budget`);
+    assert.ok(peakHeld <= budget, `held ${peakHeld} bytes, over the ${budget}-byte budget`);
+    // Under ASan freed buffers sit in its quarantine: the gauge above is the
+    // bound there.
+    if (!underSanitizer && !underValgrind) {
+      assert.ok(peakKiB - rss0 < 12 * 1024, `RSS grew by ${peakKiB - rss0} KiB for a 1 MiB budget`);
+    }
+    assert.ok(refused.length >= 48 && refused.length < results.length, `${refused.length} calls refused over budget`);
+    for (const r of refused) assert.match(r.message, /requests in progress hold \d+ bytes, the limit is 1048576/);
+    // Every stream is gone, reset by the upload timeout (NGHTTP2_CANCEL):
+    // the refused ones because they kept uploading after their reply.
+    for (const r of results) {
+      assert.equal(r.rstCode, http2.constants.NGHTTP2_CANCEL, `stream closed with ${JSON.stringify(r)}`);
+      assert.ok(r.closedAfterMs >= 900 && r.closedAfterMs < 5000, `closed after ${r.closedAfterMs} ms`);
+    }
+    const m = await small.metrics();
+    assert.equal(sampleValue(m, 'thaw_scaler_grpc_server_request_bytes'), 0, 'budget given back');
+    const overBudget = sampleValue(m, 'thaw_scaler_grpc_server_requests_refused_total', { reason: 'over_budget' });
+    const timedOut = sampleValue(m, 'thaw_scaler_grpc_server_requests_refused_total', { reason: 'timeout' });
+    assert.equal(overBudget, refused.length);
+    assert.equal(timedOut, results.length - refused.length, 'the rest timed out');
+    const getMetrics = { method: '/externalscaler.ExternalScaler/GetMetrics' };
+    assert.equal(sampleValue(m, 'thaw_scaler_grpc_server_handled_total',
+      { ...getMetrics, code: 'DEADLINE_EXCEEDED' }), timedOut);
+    assert.match(small.proc.output(), /event=grpc_request_budget_full .*limit_bytes=1048576/);
+
+    // A request that has ended is not timed: a StreamIsActive stream lives on.
+    const stream = small.client.streamIsActive(scaledObjectRef('budget-stream', { model: 'rpc-budget' }));
+    await waitUntil(async () => sampleValue(await small.metrics(), 'thaw_scaler_active_streams') === 1,
+      5000, { what: 'the stream is open' });
+    await sleep(2500);
+    assert.equal(stream.ended, false, 'the stream outlived the request timeout');
+    assert.equal(stream.error, null);
+    assert.equal(sampleValue(await small.metrics(), 'thaw_scaler_active_streams'), 1);
+    assert.deepEqual(await small.client.isActive(scaledObjectRef('after-flood', { model: 'rpc-budget' })),
+      { result: false });
+    stream.cancel();
+  } finally {
+    sampling = false;
+    await sampler.catch(() => {});
+    for (const s of sessions) s.destroy();
     assert.equal(await small.stop(), 0);
   }
 });
