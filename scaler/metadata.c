@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "utf8.h"
 
 static const char *const keda_keys[] = {
     "scalerAddress", "enableTLS", "unsafeSsl", "caCert", "tlsClientCert", "tlsClientKey",
@@ -164,6 +165,16 @@ int metadata_parse(const char *const *keys, const char *const *values, size_t n,
 
     for (size_t i = 0; i < n; i++) {
         const char *key = keys[i], *value = values[i] ? values[i] : "";
+        /* protobuf-c does not check proto3's UTF-8 rule; these strings reach
+         * Prometheus labels and JSON, where one bad byte fails the page. */
+        if (!utf8_valid(key, strlen(key))) {
+            snprintf(err, errlen, "a metadata key is not valid UTF-8");
+            return -1;
+        }
+        if (!utf8_valid(value, strlen(value))) {
+            snprintf(err, errlen, "metadata key '%.64s': value is not valid UTF-8", key);
+            return -1;
+        }
         if (strlen(value) > METADATA_MAX_VALUE) {
             snprintf(err, errlen, "metadata key '%.64s': value longer than %d bytes", key,
                      METADATA_MAX_VALUE);

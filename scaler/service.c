@@ -17,6 +17,7 @@
 #include "metadata.h"
 #include "state.h"
 #include "strmap.h"
+#include "utf8.h"
 
 #define MAX_UNKNOWN_KEYS_REMEMBERED 1000
 
@@ -108,6 +109,12 @@ static struct target *resolve(struct scaler_service *svc, struct grpc_call *call
 {
     if (!ref) {
         grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "scaledObjectRef is required");
+        return NULL;
+    }
+    if (!utf8_valid(ref->namespace_, strlen(ref->namespace_)) ||
+        !utf8_valid(ref->name, strlen(ref->name))) {
+        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                         "scaledObjectRef name or namespace is not valid UTF-8");
         return NULL;
     }
     if (svc->namespaces && !strmap_get(svc->namespaces, ref->namespace_)) {
@@ -329,6 +336,12 @@ static void handle_get_metrics(void *ud, struct grpc_call *call, const uint8_t *
     if (!req) {
         grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
                          "request is not a valid externalscaler.GetMetricsRequest");
+        return;
+    }
+    /* Echoed in the reply, which KEDA's Go decoder would refuse. */
+    if (req->metricname && !utf8_valid(req->metricname, strlen(req->metricname))) {
+        externalscaler__get_metrics_request__free_unpacked(req, &pb_allocator);
+        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "metricName is not valid UTF-8");
         return;
     }
     struct target *t = resolve(svc, call, req->scaledobjectref);

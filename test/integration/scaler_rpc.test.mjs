@@ -216,6 +216,59 @@ test('bad protobuf bytes: INVALID_ARGUMENT on every method', async () => {
   assert.deepEqual([...raw], [0x08, 0x01], 'HealthCheckResponse{status: SERVING}');
 });
 
+/** Protobuf bytes of a length-delimited field. */
+function pbField(num, bytes) {
+  const varint = (v) => { const o = []; for (;;) { const b = v & 127; v >>>= 7; if (v) o.push(b | 128); else { o.push(b); return Buffer.from(o); } } };
+  const b = Buffer.from(bytes);
+  return Buffer.concat([varint((num << 3) | 2), varint(b.length), b]);
+}
+
+/** A ScaledObjectRef's bytes; name, namespace and metadata as raw bytes. */
+function rawRef(name, ns, metadata) {
+  return Buffer.concat([pbField(1, name), pbField(2, ns),
+    ...metadata.map(([k, v]) => pbField(3, Buffer.concat([pbField(1, k), pbField(2, v)])))]);
+}
+
+test('strings that are not UTF-8: INVALID_ARGUMENT, and /models and /metrics stay valid', async () => {
+  const c = scaler.client;
+  const IA = grpcStatus.INVALID_ARGUMENT;
+  const bad = Buffer.from([0xff, 0xfe]);
+  const overlong = Buffer.from([0xc0, 0xaf]); // '/' in two bytes
+  const surrogate = Buffer.from([0xed, 0xa0, 0x80]);
+  const good = [['model', Buffer.from('rpc-utf8')], ['policy', Buffer.from('v1')]];
+  const isActive = '/externalscaler.ExternalScaler/IsActive';
+  const cases = [
+    [rawRef('u8', 'default', [['model', bad], ['policy', 'v1']]), /metadata key 'model': value is not valid UTF-8/],
+    [rawRef('u8', 'default', [['model', overlong]]), /value is not valid UTF-8/],
+    [rawRef('u8', 'default', [...good, ['x', surrogate]]), /metadata key 'x': value is not valid UTF-8/],
+    [rawRef('u8', 'default', [...good, [bad, 'y']]), /a metadata key is not valid UTF-8/],
+    [rawRef(bad, 'default', good), /name or namespace is not valid UTF-8/],
+    [rawRef('u8', surrogate, good), /name or namespace is not valid UTF-8/],
+  ];
+  for (const [bytes, re] of cases) {
+    for (const method of ['IsActive', 'GetMetricSpec', 'StreamIsActive']) {
+      await rejectsWith(c.unaryRaw(`/externalscaler.ExternalScaler/${method}`, bytes), IA, re,
+        `${method} <- ${bytes.toString('hex')}`);
+    }
+    await rejectsWith(c.unaryRaw('/externalscaler.ExternalScaler/GetMetrics', pbField(1, bytes)), IA, re,
+      `GetMetrics <- ${bytes.toString('hex')}`);
+  }
+  // GetMetrics echoes metricName in its reply: KEDA's decoder refuses a bad one.
+  const okRef = rawRef('u8-ok', 'default', good);
+  await rejectsWith(c.unaryRaw('/externalscaler.ExternalScaler/GetMetrics',
+    Buffer.concat([pbField(1, okRef), pbField(2, bad)])), IA, /metricName is not valid UTF-8/, 'metricName');
+  // Multi-byte UTF-8 is fine everywhere.
+  const utf8Ref = rawRef('modèle-é', 'default', [['model', Buffer.from('rpc-ünï-コード')], ['policy', Buffer.from('v1')]]);
+  assert.ok((await c.unaryRaw(isActive, utf8Ref)).length >= 0);
+  const models = await scaler.get('/models');
+  assert.equal(models.status, 200, models.text);
+  assert.ok(JSON.parse(models.text).some((e) => e.model === 'rpc-ünï-コード'));
+  const raw = Buffer.from(await (await fetch(`${scaler.httpBase}/metrics`)).arrayBuffer());
+  const text = new TextDecoder('utf-8', { fatal: true }).decode(raw); // throws on a bad byte
+  assert.match(text, /model="rpc-ünï-コード"/);
+  assert.ok(!(await scaler.models()).some((e) => e.scaledObject === 'u8'), 'no target from a refused call');
+});
+
 test('unknown methods and StreamMetricSpec: UNIMPLEMENTED', async () => {
   const c = scaler.client;
   for (const p of ['/externalscaler.ExternalScaler/StreamMetricSpec',

@@ -17,6 +17,7 @@
 #include "expo.h"
 #include "log.h"
 #include "model_name.h"
+#include "utf8.h"
 #include "options.h"
 #include "strmap.h"
 
@@ -369,6 +370,16 @@ static void test_model_name(void **state)
     assert_int_equal(model_name_from_query("", 0, out, sizeof(out)), -1);
     assert_int_equal(model_name_from_query(big, MODEL_NAME_MAX + 1, out, sizeof(out)), -1);
     assert_int_equal(model_name_from_query(big, MODEL_NAME_MAX, out, sizeof(out)), MODEL_NAME_MAX);
+    /* utf8_valid: the encoding alone; control characters and NUL are text. */
+    assert_true(utf8_valid("", 0));
+    assert_true(utf8_valid("a\nb\0\x7f", 5));
+    assert_true(utf8_valid("\xc2\x85\xf0\x9f\xa6\x99\xef\xbf\xbf", 9));
+    assert_false(utf8_valid("ok\xff", 3));
+    assert_false(utf8_valid("\xc0\xaf", 2));
+    assert_false(utf8_valid("\xed\xa0\x80", 3));
+    assert_false(utf8_valid("\xf4\x90\x80\x80", 4));
+    assert_false(utf8_valid("\xe2\x82", 2));
+    assert_false(utf8_valid("\x80", 1));
 }
 
 int main(void)

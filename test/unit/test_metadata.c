@@ -92,6 +92,12 @@ static void test_errors_name_the_key(void **unused)
     assert_int_equal(PARSE(&s, err, "model", "m", "targetQueueLength", "5x"), -1);
     assert_int_equal(PARSE(&s, err, "model", "bad\nname"), -1);
     assert_non_null(strstr(err, "control characters"));
+    assert_int_equal(PARSE(&s, err, "model", "m\xff"), -1);
+    assert_string_equal(err, "metadata key 'model': value is not valid UTF-8");
+    assert_int_equal(PARSE(&s, err, "model", "m", "query", "up\xc0\xaf"), -1);
+    assert_string_equal(err, "metadata key 'query': value is not valid UTF-8");
+    assert_int_equal(PARSE(&s, err, "model", "m", "k\xed\xa0\x80", "v"), -1);
+    assert_string_equal(err, "a metadata key is not valid UTF-8");
     assert_int_equal(PARSE(&s, err, "model", "m", "redisKey", ""), -1);
     char big[METADATA_MAX_VALUE + 2];
     memset(big, 'a', sizeof(big) - 1);
