@@ -50,6 +50,7 @@ struct settings {
     double held_fresh_seconds;
     double target_expiry_seconds;
     long max_connections;
+    long max_targets;
     long max_request_bytes;
     double request_timeout_seconds;
     double shutdown_timeout_seconds;
@@ -107,6 +108,10 @@ static const struct opt_def option_defs[] = {
     {"target-expiry-seconds", OPT_DOUBLE, S(target_expiry_seconds), "3600", 60, 864000,
      "ScaledObjects KEDA has not asked about for this long are forgotten",
      "targetExpirySeconds"},
+    {"max-targets", OPT_INT, S(max_targets), "20000", 0, 10000000,
+     "ScaledObject triggers kept at most (each costs about 8 KB and a policy step a second "
+     "until it expires); a call for a new one past it gets RESOURCE_EXHAUSTED; 0: no limit",
+     "maxTargets"},
     {"max-connections", OPT_INT, S(max_connections), "10000", 1, 1000000,
      "gRPC connections accepted at once", "maxConnections"},
     {"max-request-bytes", OPT_INT, S(max_request_bytes), "67108864", 65536, 1073741824,
@@ -795,6 +800,7 @@ int main(int argc, char **argv)
             (int64_t)(app.cfg.bursty_scale_down_stabilization_seconds * 1000),
         .wake_hold_ms = (int64_t)(app.cfg.held_fresh_seconds * 1000),
         .target_expiry_ms = (int64_t)(app.cfg.target_expiry_seconds * 1000),
+        .max_targets = (size_t)app.cfg.max_targets,
     };
     app.st = app.svc ? scaler_state_new(&sc, clock_mono_ms(), scaler_service_on_change, app.svc)
                      : NULL;

@@ -164,6 +164,14 @@ static struct target *resolve(struct scaler_service *svc, struct grpc_call *call
     struct target *t = scaler_state_upsert(svc->st, ref->namespace_, ref->name, &spec,
                                            clock_mono_ms());
     metadata_spec_finish(&spec);
+    if (!t && scaler_state_full(svc->st)) {
+        char msg[160];
+        snprintf(msg, sizeof(msg),
+                 "the scaler keeps %zu ScaledObjects already, its --max-targets; raise it",
+                 scaler_state_target_count(svc->st));
+        grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
+        return NULL;
+    }
     if (!t)
         grpc_call_finish(call, GRPC_STATUS_RESOURCE_EXHAUSTED, "out of memory");
     return t;

@@ -105,6 +105,8 @@ struct scaler_state {
     size_t nhbatch;
     uint64_t decision_changes;
     uint64_t updates; /* source updates applied, numbering them for changed_in */
+    uint64_t targets_refused;
+    int64_t full_logged_ms; /* one log line per 10 s at most */
 };
 
 static const char *const source_names[SOURCE_COUNT] = {"prometheus", "redis_queue", "redis_held"};
@@ -420,6 +422,21 @@ struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, cons
         decide(st, t, now_ms);
         return t;
     }
+    if (scaler_state_full(st)) {
+        /* Each target costs memory and a policy step every second until it
+         * expires: a client inventing names must not grow that forever. */
+        st->targets_refused++;
+        if (!st->full_logged_ms || now_ms - st->full_logged_ms >= 10000) {
+            st->full_logged_ms = now_ms;
+            char qns[300], qname[300];
+            LOG_WARN("target_limit", "namespace=%s scaledobject=%s targets=%zu max_targets=%zu "
+                     "refused_total=%llu",
+                     log_quote(qns, sizeof(qns), ns), log_quote(qname, sizeof(qname), name),
+                     strmap_count(st->targets), st->cfg.max_targets,
+                     (unsigned long long)st->targets_refused);
+        }
+        return NULL;
+    }
     t = thaw_calloc(1, sizeof(*t));
     if (!t)
         return NULL;
@@ -451,6 +468,11 @@ struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, cons
 }
 
 size_t scaler_state_target_count(const struct scaler_state *st) { return strmap_count(st->targets); }
+
+bool scaler_state_full(const struct scaler_state *st)
+{
+    return st->cfg.max_targets && strmap_count(st->targets) >= st->cfg.max_targets;
+}
 
 void target_ref(struct target *t) { t->refs++; }
 void target_unref(struct target *t) { t->refs--; }
@@ -996,7 +1018,17 @@ struct scaler_page *scaler_state_metrics_page(const struct scaler_state *st, int
 
     if (expo_family(pg->head, "thaw_scaler_targets", "gauge",
                     "ScaledObject triggers known to the scaler.") < 0 ||
-        expo_sample_more(pg->head, "thaw_scaler_targets", NULL, NULL, (double)nt) < 0)
+        expo_sample_more(pg->head, "thaw_scaler_targets", NULL, NULL, (double)nt) < 0 ||
+        expo_family(pg->head, "thaw_scaler_targets_max", "gauge",
+                    "The most ScaledObject triggers the scaler keeps (--max-targets); 0: no "
+                    "limit.") < 0 ||
+        expo_sample_more(pg->head, "thaw_scaler_targets_max", NULL, NULL,
+                         (double)st->cfg.max_targets) < 0 ||
+        expo_family(pg->head, "thaw_scaler_targets_refused_total", "counter",
+                    "Calls for a new ScaledObject refused (RESOURCE_EXHAUSTED) because "
+                    "--max-targets were known.") < 0 ||
+        expo_sample_more(pg->head, "thaw_scaler_targets_refused_total", NULL, NULL,
+                         (double)st->targets_refused) < 0)
         goto fail;
 
     int failed = expo_family(pg->tail, "thaw_scaler_source_up", "gauge",

@@ -31,6 +31,7 @@ struct scaler_state_config {
     int64_t bursty_scale_down_window_ms; /* ... and bursty demand, if longer */
     int64_t wake_hold_ms;         /* a wake message counts as one held request this long */
     int64_t target_expiry_ms;     /* targets not asked about this long are dropped */
+    size_t max_targets;           /* new targets past this many are refused; 0: no limit */
 };
 
 /* Reports a changed decision (desired, active or reason), old NULL for a new target. */
@@ -43,10 +44,13 @@ void scaler_state_free(struct scaler_state *st);
 
 /* Finds or creates the target for ns/name/spec->model and refreshes its spec
  * (copied) and last-seen time. New targets are decided at once. Returns NULL
- * on allocation failure. */
+ * on allocation failure, or for a new target when max_targets are known
+ * (scaler_state_full tells which; the refusal is counted). */
 struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, const char *name,
                                    const struct scaler_spec *spec, int64_t now_ms);
 size_t scaler_state_target_count(const struct scaler_state *st);
+/* True when max_targets are known: a new target would be refused. */
+bool scaler_state_full(const struct scaler_state *st);
 
 /* A target with references (open streams) is never expired. */
 void target_ref(struct target *t);

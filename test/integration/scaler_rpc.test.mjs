@@ -754,3 +754,27 @@ test('requests in progress: memory bounded by --max-request-bytes, stalled uploa
     assert.equal(await small.stop(), 0);
   }
 });
+
+test('--max-targets: a call for a new ScaledObject past it gets RESOURCE_EXHAUSTED; known ones are served', async () => {
+  const small = await startScaler({
+    prometheusUrl: prom.url, redisUrl: redis.url, name: 'thaw-scaler-targets', flags: { 'max-targets': 2 },
+  });
+  try {
+    const c = small.client;
+    await c.waitForReady(5000);
+    assert.deepEqual(await c.isActive(scaledObjectRef('t1', { model: 'rpc-t1' })), { result: false });
+    assert.deepEqual(await c.isActive(scaledObjectRef('t2', { model: 'rpc-t2' })), { result: false });
+    await rejectsWith(c.isActive(scaledObjectRef('t3', { model: 'rpc-t3' })), grpcStatus.RESOURCE_EXHAUSTED,
+      /keeps 2 ScaledObjects already, its --max-targets; raise it/, 'a third target');
+    await rejectsWith(c.getMetricSpec(scaledObjectRef('t1', { model: 'rpc-t3' })), grpcStatus.RESOURCE_EXHAUSTED,
+      /--max-targets/, 'a known name with a new model is a new target');
+    assert.deepEqual(await c.isActive(scaledObjectRef('t1', { model: 'rpc-t1' })), { result: false });
+    const m = await small.metrics();
+    assert.equal(sampleValue(m, 'thaw_scaler_targets'), 2);
+    assert.equal(sampleValue(m, 'thaw_scaler_targets_max'), 2);
+    assert.equal(sampleValue(m, 'thaw_scaler_targets_refused_total'), 2);
+    assert.match(small.proc.output(), /event=target_limit namespace=default scaledobject=t3 targets=2 max_targets=2/);
+  } finally {
+    assert.equal(await small.stop(), 0);
+  }
+});

@@ -268,6 +268,41 @@ static void test_spec_change_and_gc(void **unused)
     scaler_state_free(st);
 }
 
+/* New targets past max_targets are refused and counted; known ones are
+ * still served, and one expires to make room. */
+static void test_target_limit(void **unused)
+{
+    struct scaler_state_config small = cfg;
+    small.max_targets = 2;
+    struct scaler_state *st = scaler_state_new(&small, 0, on_change, NULL);
+    struct scaler_spec a = spec_for("m1", NULL), b = spec_for("m2", NULL);
+    struct target *t1 = scaler_state_upsert(st, "ns", "so1", &a, 0);
+    assert_non_null(t1);
+    assert_false(scaler_state_full(st));
+    struct target *t2 = scaler_state_upsert(st, "ns", "so2", &b, 0);
+    assert_non_null(t2);
+    assert_true(scaler_state_full(st));
+    assert_null(scaler_state_upsert(st, "ns", "so3", &a, 1000));
+    assert_null(scaler_state_upsert(st, "ns", "so1", &b, 1000)); /* same name, new model */
+    assert_int_equal(scaler_state_target_count(st), 2);
+    /* Known targets are still found, and keep being asked about. */
+    assert_ptr_equal(scaler_state_upsert(st, "ns", "so1", &a, 50000), t1);
+    struct evbuffer *buf;
+    const char *text = render(st, 50000, &buf);
+    assert_non_null(strstr(text, "thaw_scaler_targets 2\n"));
+    assert_non_null(strstr(text, "thaw_scaler_targets_max 2\n"));
+    assert_non_null(strstr(text, "thaw_scaler_targets_refused_total 2\n"));
+    evbuffer_free(buf);
+    /* so2 was last asked about at 0: expired at 70 s, its slot is free. */
+    scaler_state_gc(st, 70000);
+    assert_int_equal(scaler_state_target_count(st), 1);
+    assert_false(scaler_state_full(st));
+    assert_non_null(scaler_state_upsert(st, "ns", "so3", &b, 70000));
+    metadata_spec_finish(&a);
+    metadata_spec_finish(&b);
+    scaler_state_free(st);
+}
+
 static void test_out_of_memory_never_crashes(void **unused)
 {
     struct scaler_spec a = spec_for("m1", NULL);
@@ -745,6 +780,7 @@ int main(void)
         cmocka_unit_test(test_activators_late_setting_wins),
         cmocka_unit_test(test_fail_safe_and_staleness),
         cmocka_unit_test(test_spec_change_and_gc),
+        cmocka_unit_test(test_target_limit),
         cmocka_unit_test(test_out_of_memory_never_crashes),
         cmocka_unit_test(test_pages_in_steps_are_the_whole_page),
         cmocka_unit_test(test_pages_outlive_changes_between_steps),
