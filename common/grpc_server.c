@@ -66,6 +66,7 @@ struct conn {
     int tls_ready; /* handshake done with ALPN h2 */
     int closing;   /* refused after the handshake: freed on the next loop turn */
     int broken;    /* the peer went away or errored: no close_notify */
+    size_t queued; /* response bytes in the calls' out buffers, not yet given to nghttp2 */
     char peer[64];
     struct conn *prev, *next;
 };
@@ -136,8 +137,10 @@ static ssize_t data_read_cb(nghttp2_session *session, int32_t stream_id, uint8_t
     struct grpc_call *call = source->ptr;
     size_t have = evbuffer_get_length(call->out);
     size_t n = have < length ? have : length;
-    if (n > 0)
+    if (n > 0) {
         evbuffer_remove(call->out, buf, n);
+        call->conn->queued -= n;
+    }
     if (n == have) {
         if (call->finished) {
             *data_flags |= NGHTTP2_DATA_FLAG_EOF | NGHTTP2_DATA_FLAG_NO_END_STREAM;
@@ -207,14 +210,19 @@ int grpc_call_send(struct grpc_call *call, const uint8_t *msg, size_t len)
     if (call->finished || len > UINT32_MAX)
         return -1;
     /* A peer that stops reading (or keeps its flow-control window shut) must
-     * not make us buffer without bound. */
-    if (evbuffer_get_length(call->out) + len > call->conn->srv->limits.max_output_buffer)
+     * not make us buffer without bound: what waits is counted per connection,
+     * over all its streams (1 000 streams of 1 MiB each would be 1 GiB). */
+    if (call->conn->queued + GRPC_FRAME_HEADER_LEN + len > call->conn->srv->limits.max_output_buffer)
         return -1;
     uint8_t hdr[GRPC_FRAME_HEADER_LEN];
     grpc_frame_header(hdr, (uint32_t)len);
-    if (evbuffer_add(call->out, hdr, sizeof(hdr)) != 0 ||
+    /* Room first, so that a failure adds nothing: half a frame would garble
+     * the stream. */
+    if (evbuffer_expand(call->out, sizeof(hdr) + len) != 0 ||
+        evbuffer_add(call->out, hdr, sizeof(hdr)) != 0 ||
         (len && evbuffer_add(call->out, msg, len) != 0))
         return -1;
+    call->conn->queued += sizeof(hdr) + len;
     if (!call->responded) {
         if (submit_headers(call, 0) != 0)
             return -1;
@@ -278,6 +286,7 @@ static void call_release(struct grpc_call *call, int run_cancel)
     grpc_reader_finish(&call->reader);
     thaw_free(call->request);
     c->srv->request_bytes -= call->request_bytes;
+    c->queued -= evbuffer_get_length(call->out);
     evbuffer_free(call->out);
     thaw_free(call);
 }

@@ -778,3 +778,62 @@ test('--max-targets: a call for a new ScaledObject past it gets RESOURCE_EXHAUST
     assert.equal(await small.stop(), 0);
   }
 });
+
+/** An HTTP/2 frame. */
+function h2Frame(type, flags, streamId, payload) {
+  const h = Buffer.alloc(9);
+  h.writeUIntBE(payload.length, 0, 3);
+  h[3] = type;
+  h[4] = flags;
+  h.writeUInt32BE(streamId, 5);
+  return Buffer.concat([h, payload]);
+}
+
+test('pushes wait in one bound per connection: a client that never lets them out loses its streams, not the scaler\'s memory', async (t) => {
+  const c = scaler.client;
+  const model = 'rpc-noread';
+  const ref = rawRef('noread', 'default', [['model', model], ['policy', 'v1']]);
+  const msg = Buffer.concat([Buffer.from([0, 0, 0, 0, 0]), ref]);
+  msg.writeUInt32BE(ref.length, 1);
+  // HPACK literals without indexing: no table state to keep.
+  const lit = (n, v) => Buffer.concat([Buffer.from([0, n.length]), Buffer.from(n), Buffer.from([v.length]), Buffer.from(v)]);
+  const headers = Buffer.concat([lit(':method', 'POST'), lit(':scheme', 'http'),
+    lit(':path', '/externalscaler.ExternalScaler/StreamIsActive'), lit(':authority', 'x'),
+    lit('content-type', 'application/grpc'), lit('te', 'trailers')]);
+  const streams = 200;
+  // SETTINGS_INITIAL_WINDOW_SIZE 0: the scaler may send headers, never data.
+  const settings = Buffer.from([0, 4, 0, 0, 0, 0]);
+  const frames = [Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n'), h2Frame(4, 0, 0, settings)];
+  for (let i = 0; i < streams; i++) {
+    frames.push(h2Frame(1, 4, 1 + 2 * i, headers), h2Frame(0, 1, 1 + 2 * i, msg));
+  }
+  const before = await scaler.metrics();
+  const failures0 = sampleValue(before, 'thaw_scaler_push_failures_total');
+  const streams0 = sampleValue(before, 'thaw_scaler_active_streams');
+  const rss0 = rssKiB(scaler.proc.pid);
+  const sock = net.connect({ port: scaler.grpcPort, host: '127.0.0.1' });
+  sock.on('data', () => {});
+  sock.on('error', () => {});
+  const pub = await respConnect(redis.port);
+  try {
+    sock.write(Buffer.concat(frames));
+    await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_active_streams') === streams0 + streams,
+      5000, { what: `${streams} streams open` });
+    // Each wake queues a 7-byte push on each stream: 1 400 bytes a wake, so
+    // the 1 MiB of the connection is full after about 750 wakes.
+    const wakes = 3000;
+    await Promise.all(Array.from({ length: wakes }, () => pub.command('PUBLISH', 'thaw:wake', model)));
+    await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_active_streams') === streams0,
+      10000, { what: 'every stream of the stuck connection ended' });
+    const m = await scaler.metrics();
+    assert.equal(sampleValue(m, 'thaw_scaler_push_failures_total') - failures0, streams);
+    const grew = rssKiB(scaler.proc.pid) - rss0;
+    t.diagnostic(`${wakes} wakes, ${streams} streams that cannot receive: RSS grew by ${grew} KiB`);
+    if (!underSanitizer && !underValgrind) assert.ok(grew < 16 * 1024, `RSS grew by ${grew} KiB`);
+    // Other connections are served as before.
+    assert.deepEqual(await c.isActive(scaledObjectRef('after-noread', { model: 'rpc-after' })), { result: false });
+  } finally {
+    pub.close();
+    sock.destroy();
+  }
+});
