@@ -62,6 +62,7 @@ struct conn {
     int in_nghttp2; /* inside mem_recv/mem_send: flushing is done by the caller */
     int greeted;    /* the client preface and a first frame arrived */
     struct event *flush_ev; /* flushes sends made outside nghttp2 callbacks, batched */
+    struct event *greet_ev; /* the greeting's deadline, from accept */
     int is_tls;
     int tls_ready; /* handshake done with ALPN h2 */
     int closing;   /* refused after the handshake: freed on the next loop turn */
@@ -426,10 +427,9 @@ static void dispatch(struct grpc_call *call)
         return;
     if (call->messages != 1 || grpc_reader_partial(&call->reader)) {
         call_fail(call, GRPC_STATUS_INTERNAL,
-                  call->messages == 0 ? "expected one request message, got none"
-                                      : grpc_reader_partial(&call->reader)
-                                            ? "request ended in the middle of a message"
-                                            : "expected one request message, got several");
+                  grpc_reader_partial(&call->reader) ? "request ended in the middle of a message"
+                  : call->messages == 0             ? "expected one request message, got none"
+                                                    : "expected one request message, got several");
         return;
     }
     const struct grpc_method *m = &srv->methods[call->method];
@@ -451,7 +451,7 @@ static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
          * keeps connections between polls); one that never does loses its
          * slot after the greeting timeout set at accept. */
         c->greeted = 1;
-        bufferevent_set_timeouts(c->bev, NULL, NULL);
+        event_del(c->greet_ev);
     }
     if (frame->hd.type != NGHTTP2_HEADERS && frame->hd.type != NGHTTP2_DATA)
         return 0;
@@ -660,6 +660,20 @@ static void conn_write_cb(struct bufferevent *bev, void *arg) { conn_flush(arg);
 
 static void conn_flush_ev_cb(evutil_socket_t fd, short what, void *arg) { conn_flush(arg); }
 
+/* A deadline, not an idle timer: a peer sending one byte every few seconds
+ * must not keep its slot for ever. */
+static void conn_greeting_timeout_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct conn *c = arg;
+    if (c->is_tls && !c->tls_ready && !c->closing)
+        tls_server_handshake_failed(c->srv->tls, c->bev, BEV_EVENT_READING | BEV_EVENT_TIMEOUT,
+                                    c->peer);
+    LOG_DEBUG("grpc_greeting_timeout", "peer=%s timeout_s=%d", c->peer,
+              GRPC_GREETING_TIMEOUT_SECONDS);
+    c->broken = 1;
+    conn_free(c);
+}
+
 static void conn_event_cb(struct bufferevent *bev, short events, void *arg)
 {
     struct conn *c = arg;
@@ -697,6 +711,8 @@ static void conn_free(struct conn *c)
     bufferevent_free(c->bev);
     if (c->flush_ev)
         event_free(c->flush_ev);
+    if (c->greet_ev)
+        event_free(c->greet_ev);
     if (c->prev)
         c->prev->next = c->next;
     else
@@ -754,11 +770,16 @@ static void accept_cb(struct evconnlistener *listener, evutil_socket_t fd, struc
     c->bev = c->is_tls ? tls_server_accept(srv->tls, srv->base, fd)
                        : bufferevent_socket_new(srv->base, fd, BEV_OPT_CLOSE_ON_FREE);
     c->flush_ev = event_new(srv->base, -1, 0, conn_flush_ev_cb, c);
+    c->greet_ev = evtimer_new(srv->base, conn_greeting_timeout_cb, c);
     nghttp2_session_callbacks *cbs = make_callbacks();
-    if (!c->bev || !c->flush_ev || !cbs || nghttp2_session_server_new(&c->session, cbs, c) != 0) {
+    struct timeval greeting = {GRPC_GREETING_TIMEOUT_SECONDS, 0};
+    if (!c->bev || !c->flush_ev || !c->greet_ev || evtimer_add(c->greet_ev, &greeting) != 0 ||
+        !cbs || nghttp2_session_server_new(&c->session, cbs, c) != 0) {
         nghttp2_session_callbacks_del(cbs);
         if (c->flush_ev)
             event_free(c->flush_ev);
+        if (c->greet_ev)
+            event_free(c->greet_ev);
         if (c->bev)
             bufferevent_free(c->bev);
         else if (!c->is_tls)
@@ -778,8 +799,6 @@ static void accept_cb(struct evconnlistener *listener, evutil_socket_t fd, struc
     };
     nghttp2_submit_settings(c->session, NGHTTP2_FLAG_NONE, settings, 2);
     bufferevent_setcb(c->bev, conn_read_cb, conn_write_cb, conn_event_cb, c);
-    struct timeval greeting = {GRPC_GREETING_TIMEOUT_SECONDS, 0};
-    bufferevent_set_timeouts(c->bev, &greeting, NULL);
     bufferevent_enable(c->bev, EV_READ | EV_WRITE);
     conn_flush(c);
 }

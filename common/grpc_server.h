@@ -8,17 +8,20 @@
  * streaming handler keeps the call, sends messages whenever it likes and
  * learns of the peer going away through the cancel callback.
  *
- * Promises: malformed HTTP/2 closes only that connection (GOAWAY); unknown
+ * Promises: malformed HTTP/2 closes only that connection, after a GOAWAY
+ * (over TLS only when nghttp2 queued one and it left in time); unknown
  * methods get UNIMPLEMENTED; a wrong content-type gets HTTP 415; a request
  * message over max_message gets RESOURCE_EXHAUSTED; zero or several request
- * messages get INTERNAL; requests in progress hold at most max_request_bytes
- * among them, server-wide (a peer that announces big messages on many streams
- * cannot take the memory: the call that would go over gets
- * RESOURCE_EXHAUSTED); a request not complete within request_timeout_ms of
- * its headers has its stream reset; output per connection is bounded
- * (backpressure, not unbounded buffering); a connection that has not sent the HTTP/2
- * preface and SETTINGS within 10 s (TLS handshake included) is closed, one
- * that has may idle; calls and latency are counted per method and status.
+ * messages, or one cut short, get INTERNAL; requests in progress hold at most
+ * max_request_bytes among them, server-wide (a peer that announces big
+ * messages on many streams cannot take the memory: the call that would go
+ * over gets RESOURCE_EXHAUSTED); a request not complete within
+ * request_timeout_ms of its headers has its stream reset; responses waiting
+ * for the peer are bounded per connection, over all its streams (a send past
+ * it fails); a connection that has not sent the HTTP/2 preface and SETTINGS
+ * within 10 s of its accept (TLS handshake included; a deadline, not an idle
+ * time) is closed, one that has may idle; calls and latency are counted per
+ * method and status.
  * Single-threaded: everything runs on the given event loop. */
 #ifndef THAW_GRPC_SERVER_H
 #define THAW_GRPC_SERVER_H

@@ -843,3 +843,53 @@ test('pushes wait in one bound per connection: a client that never lets them out
     sock.destroy();
   }
 });
+
+test('the greeting is a deadline: a preface trickled a byte every 2 s is cut 10 s after accept, like a silent one', async () => {
+  const t0 = performance.now();
+  const silent = await rawSocket();
+  const trickle = await rawSocket();
+  const preface = Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n');
+  let sent = 0;
+  const timer = setInterval(() => { if (sent < preface.length) trickle.write(preface.subarray(sent, ++sent)); }, 2000);
+  trickle.write(preface.subarray(0, ++sent));
+  try {
+    const closedAt = async (s) => { await s.closedP; return performance.now() - t0; };
+    const [silentMs, trickleMs] = await Promise.race([
+      Promise.all([closedAt(silent), closedAt(trickle)]),
+      sleep(15000).then(() => { throw new Error('a greeting outlived 15 s'); }),
+    ]);
+    for (const [what, ms] of [['silent', silentMs], ['trickled', trickleMs]]) {
+      assert.ok(ms >= 9500 && ms < 12000, `${what} connection closed after ${ms.toFixed(0)} ms`);
+    }
+    assert.ok(sent < preface.length, 'the trickle was still going');
+  } finally {
+    clearInterval(timer);
+    silent.destroy();
+    trickle.destroy();
+  }
+});
+
+test('a request body that is not one whole message: INTERNAL saying which', async () => {
+  const session = http2.connect(`http://127.0.0.1:${scaler.grpcPort}`);
+  session.on('error', () => {});
+  const headers = {
+    ':method': 'POST', ':path': '/externalscaler.ExternalScaler/IsActive',
+    'content-type': 'application/grpc', te: 'trailers',
+  };
+  const framed = (len, bytes) => { const h = Buffer.alloc(5); h.writeUInt32BE(len, 1); return Buffer.concat([h, bytes]); };
+  try {
+    for (const [body, re] of [
+      [framed(10, Buffer.from('abc')), /request ended in the middle of a message/],
+      [Buffer.from([0, 0]), /request ended in the middle of a message/],
+      [Buffer.alloc(0), /expected one request message, got none/],
+      [Buffer.concat([framed(0, Buffer.alloc(0)), framed(0, Buffer.alloc(0))]), /expected one request message, got several/],
+    ]) {
+      const r = await h2Request(session, headers, body);
+      const t = r.trailers ?? r.headers;
+      assert.equal(Number(t['grpc-status']), grpcStatus.INTERNAL, `${body.toString('hex')}: ${JSON.stringify(t)}`);
+      assert.match(decodeURIComponent(t['grpc-message']), re, body.toString('hex'));
+    }
+  } finally {
+    session.close();
+  }
+});
