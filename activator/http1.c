@@ -539,6 +539,14 @@ ssize_t http1_parse_response(struct http1_scan *s, const char *buf, size_t len,
     out->status = status;
     out->reason = ll > 13 ? line + 13 : line + ll;
     out->reason_len = ll > 13 ? ll - 13 : 0;
+    /* reason-phrase = *( HTAB / SP / VCHAR / obs-text ): the line ends at a
+     * bare CR for some clients, and what follows it would be a header the
+     * server never sent. */
+    for (size_t i = 0; i < out->reason_len; i++) {
+        unsigned char ch = (unsigned char)out->reason[i];
+        if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
+            return HTTP1_ERR_STATUS;
+    }
 
     rc = parse_fields(buf, head_len, pos, lim->max_headers, out->headers, &out->num_headers);
     if (rc < 0)

@@ -336,9 +336,10 @@ static void json_escape_into(struct evbuffer *out, const char *s)
 
 static bool is_server_error(int status) { return status >= 500; }
 
-/* Writes an OpenAI-shaped error response. */
+/* Writes an OpenAI-shaped error response; to a HEAD request, its head only
+ * (a body there would be read as the start of the next response). */
 static void write_error(struct client *cl, int status, const char *code, const char *msg,
-                        bool close, bool chunked_sse)
+                        bool close, bool chunked_sse, bool head)
 {
     struct evbuffer *out = conn_output(cl->c);
     struct evbuffer *body = evbuffer_new();
@@ -366,7 +367,8 @@ static void write_error(struct client *cl, int status, const char *code, const c
     if (status == 503)
         evbuffer_add_printf(out, "Retry-After: %ld\r\n", cl->px->cfg->limits.retry_after_seconds);
     evbuffer_add_printf(out, "Connection: %s\r\n\r\n", close ? "close" : "keep-alive");
-    evbuffer_add_buffer(out, body);
+    if (!head)
+        evbuffer_add_buffer(out, body);
     evbuffer_free(body);
 }
 
@@ -586,15 +588,17 @@ static enum proxy_outcome outcome_for_status(int status)
 static void req_fail(struct req *r, int status, enum proxy_outcome o, const char *code,
                      const char *msg)
 {
-    bool close = !r->body_done || status == 400 || status == 413 || status == 431 ||
-                 o == OUT_NO_SOCKET || r->cl->px->draining;
+    /* !keep_alive: the client asked for a close (Connection: close, or
+     * HTTP/1.0 without keep-alive), as for the backend's own answers. */
+    bool close = !r->keep_alive || !r->body_done || status == 400 || status == 413 ||
+                 status == 431 || o == OUT_NO_SOCKET || r->cl->px->draining;
     up_release(r, false);
     if (r->resp_head_done && !r->early_head) {
         /* Too late for a status: all we can do is cut the connection. */
         req_end(r, OUT_ABORTED, true);
         return;
     }
-    write_error(r->cl, status, code, msg, close, r->early_head);
+    write_error(r->cl, status, code, msg, close, r->early_head, r->head_method);
     if (!r->early_head) { /* else the client has our 200 SSE head */
         r->status_sent = status;
         r->t_head_us = clock_mono_us();
@@ -1843,7 +1847,11 @@ static int build_req(struct client *cl, const struct http1_request *h, struct re
     const struct http1_header *xff = NULL;
     for (size_t i = 0; i < h->num_headers; i++) {
         const struct http1_header *f = &h->headers[i];
-        if (http1_is_hop_by_hop(f->name, f->name_len, h->conn_tokens, h->num_conn_tokens) ||
+        /* Host stays whatever Connection names: dropping it would send an
+         * HTTP/1.1 request without one (need_host was set by its presence). */
+        bool host = http1_eq_nocase(f->name, f->name_len, "host");
+        if ((!host &&
+             http1_is_hop_by_hop(f->name, f->name_len, h->conn_tokens, h->num_conn_tokens)) ||
             http1_eq_nocase(f->name, f->name_len, "content-length") ||
             http1_eq_nocase(f->name, f->name_len, "expect") ||
             http1_eq_nocase(f->name, f->name_len, "x-thaw-priority"))
@@ -1880,7 +1888,7 @@ static void fail_head(struct client *cl, int status, const char *code, const cha
     count_outcome(cl->px, NULL, outcome_for_status(status));
     if (cl->px->access_log)
         log_access_head(cl, status, outcome_for_status(status));
-    write_error(cl, status, code, msg, true, false);
+    write_error(cl, status, code, msg, true, false, false);
     client_close(cl, true); /* the rest of the head, or a body, may be on its way */
 }
 

@@ -135,6 +135,37 @@ test('routes by model, alias glob and Host; unknown model is a 404 in OpenAI sha
   assert.equal(JSON.parse(r6.body).error.type, 'invalid_request_error');
 });
 
+test('our own error answers: closed when the client asked for a close, bodiless to HEAD', async () => {
+  const unknown = (method, version, extra = '') =>
+    `${method} /v1/models HTTP/${version}\r\nHost: unknown.example\r\n${extra}\r\n`;
+  // Connection: close, and HTTP/1.0 without keep-alive: a 404, then the close at once.
+  for (const req of [unknown('GET', '1.1', 'Connection: close\r\n'), unknown('GET', '1.0')]) {
+    const t0 = performance.now();
+    const r = await rawExchange(act.port, req, { idleMs: 3000 });
+    assert.deepEqual(statusCodes(r.text.replace('HTTP/1.0', 'HTTP/1.1')), [404], r.text);
+    assert.match(r.text, /\r\nConnection: close\r\n/, r.text);
+    assert.ok(r.closed && performance.now() - t0 < 2000, `closed at once: ${r.closed}`);
+  }
+  // HTTP/1.0 asking for keep-alive keeps it.
+  const ka = await rawExchange(act.port, unknown('GET', '1.0', 'Connection: keep-alive\r\n'), { idleMs: 500 });
+  assert.match(ka.text, /\r\nConnection: keep-alive\r\n/);
+  assert.equal(ka.closed, false);
+  // HEAD: the head of the 404 and no body, so the next response on the
+  // connection is read from its first byte.
+  const head = await rawExchange(act.port, [unknown('HEAD', '1.1'),
+    'GET /echo-next HTTP/1.1\r\nHost: echo.local\r\n\r\n'], { idleMs: 800 });
+  assert.deepEqual(statusCodes(head.text), [404, 200], head.text);
+  const first = head.text.slice(0, head.text.indexOf('HTTP/1.1 200'));
+  assert.ok(first.endsWith('\r\n\r\n'), `nothing after the 404's head: ${JSON.stringify(first)}`);
+  assert.match(first, /Content-Length: \d+/);
+});
+
+test('a Host named in Connection still reaches the backend', async () => {
+  const r = await request(act.port, { path: '/v1/h', headers: { host: 'echo.local', connection: 'keep-alive, Host' } });
+  assert.equal(r.status, 200, r.body.toString());
+  assert.equal(JSON.parse(r.body).headers.host, 'echo.local');
+});
+
 test('forwarded headers: X-Forwarded-For appended, hop-by-hop and Connection-named fields dropped', async () => {
   const r = await request(act.port, {
     path: '/v1/x?q=1', method: 'POST',

@@ -249,6 +249,8 @@ static void test_responses(void **state)
          HTTP1_BODY_LENGTH, 3, true},
         {"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", false, 200, HTTP1_BODY_NONE, 0, true},
         {"HTTP/1.1 503\r\nContent-Length: 1\r\n\r\n", false, 503, HTTP1_BODY_LENGTH, 1, true},
+        {"HTTP/1.1 200 Tout va\tbien \xc3\xa9\r\nContent-Length: 1\r\n\r\n", false, 200,
+         HTTP1_BODY_LENGTH, 1, true},
         {"HTTP/1.1 200 OK\r\nTransfer-Encoding: gzip\r\n\r\n", false, 200,
          HTTP1_BODY_UNTIL_CLOSE, 0, false},
         {"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\nContent-Length: 4\r\n\r\n", false, 200,
@@ -276,6 +278,9 @@ static void test_responses(void **state)
         {"HTTP/1.1 200 OK\r\nContent-Length: x\r\n\r\n", HTTP1_ERR_CONTENT_LENGTH},
         {"HTTP/1.1 200 OK\r\nBad Name: x\r\n\r\n", HTTP1_ERR_SYNTAX},
         {"HTTP/1.1 200 OK\nContent-Length: 1\n\n", HTTP1_ERR_STATUS},
+        {"HTTP/1.1 200 OK\rX-Injected: yes\r\nContent-Length: 1\r\n\r\n", HTTP1_ERR_STATUS},
+        {"HTTP/1.1 200 O\x01K\r\nContent-Length: 1\r\n\r\n", HTTP1_ERR_STATUS},
+        {"HTTP/1.1 200 O\x7fK\r\n\r\n", HTTP1_ERR_STATUS},
     };
     for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
         http1_scan_init(&sc);
