@@ -39,7 +39,6 @@ struct grpc_call {
     size_t request_len;
     size_t request_bytes; /* charged to the server's budget: the reader's buffer and request */
     struct event *upload_timer; /* until the request has ended: reset the stream at expiry */
-    int request_ended;          /* the peer ended its side of the stream */
     int messages;
     int responded;  /* a response (or error) has been submitted */
     int handed;     /* the handler owns the call until finish or cancel */
@@ -467,8 +466,7 @@ static int on_frame_recv(nghttp2_session *session, const nghttp2_frame *frame, v
             call_fail(call, GRPC_STATUS_UNIMPLEMENTED, "unknown method");
     }
     if (frame->hd.flags & NGHTTP2_FLAG_END_STREAM) {
-        call->request_ended = 1;
-        event_del(call->upload_timer);
+        event_del(call->upload_timer); /* the request has ended */
         dispatch(call);
     }
     return 0;
