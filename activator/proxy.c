@@ -671,7 +671,9 @@ static void write_client_head(struct req *r, const struct http1_response *h)
         const struct http1_header *f = &h->headers[i];
         if (http1_is_hop_by_hop(f->name, f->name_len, h->conn_tokens, h->num_conn_tokens))
             continue;
-        if (body && http1_eq_nocase(f->name, f->name_len, "content-length"))
+        /* RFC 9110 8.6: no Content-Length in a 204, whatever the backend sent. */
+        if ((body || h->status == 204) &&
+            http1_eq_nocase(f->name, f->name_len, "content-length"))
             continue;
         evbuffer_add(out, f->name, f->name_len);
         evbuffer_add(out, ": ", 2);

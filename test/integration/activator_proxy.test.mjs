@@ -27,6 +27,8 @@ function startEcho() {
         const body = Buffer.concat(chunks);
         e.requests.push({ method: req.method, url: req.url, headers: req.headers, body });
         if (req.url === '/health') { res.end('ok'); return; }
+        // RFC 9110 forbids Content-Length on a 204; node sends it if asked.
+        if (req.url === '/no-content') { res.writeHead(204, { 'content-length': '5' }); res.end(); return; }
         // A backend that drops a kept-alive connection when the next request
         // arrives on it (the keep-alive race), without a byte of answer.
         req.socket.served = (req.socket.served ?? 0) + 1;
@@ -158,6 +160,14 @@ test('our own error answers: closed when the client asked for a close, bodiless 
   const first = head.text.slice(0, head.text.indexOf('HTTP/1.1 200'));
   assert.ok(first.endsWith('\r\n\r\n'), `nothing after the 404's head: ${JSON.stringify(first)}`);
   assert.match(first, /Content-Length: \d+/);
+});
+
+test('a backend 204 with a Content-Length reaches the client without it', async () => {
+  const r = await rawExchange(act.port, ['GET /no-content HTTP/1.1\r\nHost: echo.local\r\n\r\n',
+    'GET /x HTTP/1.1\r\nHost: echo.local\r\n\r\n'], { idleMs: 800 });
+  assert.deepEqual(statusCodes(r.text), [204, 200], r.text);
+  const first = r.text.slice(0, r.text.indexOf('HTTP/1.1 200'));
+  assert.doesNotMatch(first, /content-length/i, first);
 });
 
 test('a Host named in Connection still reaches the backend', async () => {
