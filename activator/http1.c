@@ -59,6 +59,18 @@ static bool is_tchar(unsigned char c)
 
 static bool is_ows(char c) { return c == ' ' || c == '\t'; }
 
+/* Field values and reason phrases: HTAB, SP, VCHAR and obs-text, so no
+ * control character (a bare CR ends the line for some readers). */
+static bool is_text(const char *p, size_t len)
+{
+    for (size_t i = 0; i < len; i++) {
+        unsigned char c = (unsigned char)p[i];
+        if ((c < 0x20 && c != '\t') || c == 0x7f)
+            return false;
+    }
+    return true;
+}
+
 static char lower(char c) { return (c >= 'A' && c <= 'Z') ? (char)(c + 32) : c; }
 
 bool http1_eq_nocase(const char *a, size_t alen, const char *b)
@@ -277,11 +289,8 @@ static int parse_fields(const char *head, size_t len, size_t pos, size_t max_hea
         size_t vstart = i, vend = ll;
         while (vend > vstart && is_ows(line[vend - 1]))
             vend--;
-        for (size_t k = vstart; k < vend; k++) {
-            unsigned char c = (unsigned char)line[k];
-            if ((c < 0x20 && c != '\t') || c == 0x7f)
-                return HTTP1_ERR_SYNTAX;
-        }
+        if (!is_text(line + vstart, vend - vstart))
+            return HTTP1_ERR_SYNTAX;
         if (n >= max_headers)
             return HTTP1_ERR_TOO_MANY_HEADERS;
         out[n].name = line;
@@ -539,14 +548,10 @@ ssize_t http1_parse_response(struct http1_scan *s, const char *buf, size_t len,
     out->status = status;
     out->reason = ll > 13 ? line + 13 : line + ll;
     out->reason_len = ll > 13 ? ll - 13 : 0;
-    /* reason-phrase = *( HTAB / SP / VCHAR / obs-text ): the line ends at a
-     * bare CR for some clients, and what follows it would be a header the
-     * server never sent. */
-    for (size_t i = 0; i < out->reason_len; i++) {
-        unsigned char ch = (unsigned char)out->reason[i];
-        if ((ch < 0x20 && ch != '\t') || ch == 0x7f)
-            return HTTP1_ERR_STATUS;
-    }
+    /* A bare CR passed on would end the line for some clients, and what
+     * follows it would be a header the server never sent. */
+    if (!is_text(out->reason, out->reason_len))
+        return HTTP1_ERR_STATUS;
 
     rc = parse_fields(buf, head_len, pos, lim->max_headers, out->headers, &out->num_headers);
     if (rc < 0)
