@@ -51,6 +51,7 @@ struct settings {
     double target_expiry_seconds;
     long max_connections;
     long max_targets;
+    long wake_repeat_ms;
     long max_request_bytes;
     double request_timeout_seconds;
     double shutdown_timeout_seconds;
@@ -112,6 +113,11 @@ static const struct opt_def option_defs[] = {
      "ScaledObject triggers kept at most (each costs about 8 KB and a policy step a second "
      "until it expires); a call for a new one past it gets RESOURCE_EXHAUSTED; 0: no limit",
      "maxTargets"},
+    {"wake-repeat-ms", OPT_INT, S(wake_repeat_ms), "1000", 0, 60000,
+     "a wake re-sends true on a StreamIsActive stream that already said it at most this "
+     "often (KEDA runs RequestScale for every message; each activator renews its wakes); "
+     "a change of activation is always sent at once; 0: every wake",
+     "wakeRepeatMs"},
     {"max-connections", OPT_INT, S(max_connections), "10000", 1, 1000000,
      "gRPC connections accepted at once", "maxConnections"},
     {"max-request-bytes", OPT_INT, S(max_request_bytes), "67108864", 65536, 1073741824,
@@ -810,6 +816,7 @@ int main(int argc, char **argv)
         return 1;
     }
     scaler_service_attach(app.svc, app.st);
+    scaler_service_set_wake_repeat(app.svc, app.cfg.wake_repeat_ms);
     if (scaler_service_set_tenancy(app.svc, app.cfg.redis_key_prefix,
                                    app.cfg.allowed_namespaces) != 0) {
         LOG_ERROR("startup_failed", "error=\"out of memory\"");

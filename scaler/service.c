@@ -36,7 +36,17 @@ struct stream_sub {
     struct grpc_call *call;
     struct target *target;
     struct stream_sub *prev, *next;
+    bool sent_true;       /* the last message on this stream said active */
+    int64_t sent_true_ms; /* and when (monotonic ms) */
 };
+
+/* Default of scaler_service_set_wake_repeat. A wake repeats `true` on a
+ * stream that already said it at most this often: every activator renews its
+ * wakes, and KEDA calls RequestScale for each message under the
+ * ScaledObject's lock, so N activators must not mean N calls a second.
+ * KEDA's HTTP add-on re-sends every 200 ms; once a second is enough, since a
+ * `true` already sent is acted on at once. */
+#define WAKE_REPEAT_DEFAULT_MS 1000
 
 struct sub_list {
     struct stream_sub *head;
@@ -54,6 +64,8 @@ struct scaler_service {
     bool in_wake; /* pushes during a wake are done once, by the wake itself */
     uint64_t pushes_change;
     uint64_t pushes_wake;
+    uint64_t pushes_coalesced;
+    int64_t wake_repeat_ms;
     uint64_t push_failures;
 };
 
@@ -208,6 +220,16 @@ static int send_active(struct grpc_call *call, bool active)
     return send_packed(call, &resp.base);
 }
 
+/* send_active on a stream, remembering what it said last. */
+static int stream_send(struct stream_sub *s, bool active, int64_t now_ms)
+{
+    if (send_active(s->call, active) != 0)
+        return -1;
+    s->sent_true = active;
+    s->sent_true_ms = now_ms;
+    return 0;
+}
+
 /* ---- handlers --------------------------------------------------------- */
 
 static void handle_is_active(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
@@ -301,7 +323,7 @@ static void handle_stream_is_active(void *ud, struct grpc_call *call, const uint
     grpc_call_set_cancel(call, stream_cancelled, sub);
     LOG_DEBUG("stream_opened", "peer=%s model=%s", grpc_call_peer(call), model);
     /* The current state at once, so a stream opened during a burst acts now. */
-    if (target_decision(t)->active && send_active(call, true) != 0)
+    if (target_decision(t)->active && stream_send(sub, true, clock_mono_ms()) != 0)
         end_stream(sub, "could not queue the stream message");
 }
 
@@ -414,18 +436,23 @@ static void handle_health_check(void *ud, struct grpc_call *call, const uint8_t 
 
 /* ---- pushes ------------------------------------------------------------ */
 
+/* A wake (only == NULL) skips streams that said `true` less than
+ * wake_repeat_ms ago; a change of the decision is always sent. */
 static void push_model(struct scaler_service *svc, const char *model, struct target *only,
                        bool active, uint64_t *counter)
 {
     struct sub_list *list = strmap_get(svc->subs_by_model, model);
     struct stream_sub *s = list ? list->head : NULL;
+    int64_t now = clock_mono_ms();
     while (s) {
         /* grpc_call_send never flushes synchronously, so only end_stream
          * changes the list here, and it frees nothing but s. */
         struct stream_sub *next = s->next;
         bool last = next == NULL;
-        if (!only || s->target == only) {
-            if (send_active(s->call, active) == 0) {
+        if (!only && s->sent_true && now - s->sent_true_ms < svc->wake_repeat_ms) {
+            svc->pushes_coalesced++;
+        } else if (!only || s->target == only) {
+            if (stream_send(s, active, now) == 0) {
                 (*counter)++;
             } else {
                 end_stream(s, "stream consumer is not reading");
@@ -465,6 +492,7 @@ struct scaler_service *scaler_service_new(void)
     struct scaler_service *svc = thaw_calloc(1, sizeof(*svc));
     if (!svc)
         return NULL;
+    svc->wake_repeat_ms = WAKE_REPEAT_DEFAULT_MS;
     svc->subs_by_model = strmap_new();
     svc->unknown_keys = strmap_new();
     if (!svc->subs_by_model || !svc->unknown_keys) {
@@ -550,6 +578,11 @@ int scaler_service_set_tenancy(struct scaler_service *svc, const char *redis_key
     return 0;
 }
 
+void scaler_service_set_wake_repeat(struct scaler_service *svc, int64_t repeat_ms)
+{
+    svc->wake_repeat_ms = repeat_ms;
+}
+
 void scaler_service_set_serving(struct scaler_service *svc, bool serving)
 {
     svc->serving = serving;
@@ -566,6 +599,10 @@ void scaler_service_write_metrics(const struct scaler_service *svc, struct evbuf
     expo_sample(out, "thaw_scaler_pushes_total", labels, (double)svc->pushes_wake);
     expo_labels(labels, sizeof(labels), "cause", "decision_change", (char *)NULL);
     expo_sample(out, "thaw_scaler_pushes_total", labels, (double)svc->pushes_change);
+    expo_family(out, "thaw_scaler_wake_pushes_coalesced_total", "counter",
+                "Wake pushes not sent: the stream had said true less than 1 s before.");
+    expo_sample(out, "thaw_scaler_wake_pushes_coalesced_total", NULL,
+                (double)svc->pushes_coalesced);
     expo_family(out, "thaw_scaler_push_failures_total", "counter",
                 "Streams ended because a push could not be queued (peer not reading).");
     expo_sample(out, "thaw_scaler_push_failures_total", NULL, (double)svc->push_failures);

@@ -46,6 +46,11 @@ size_t scaler_service_wake(struct scaler_service *svc, const char *model, const 
 int scaler_service_set_tenancy(struct scaler_service *svc, const char *redis_key_prefix,
                                const char *namespaces);
 
+/* A wake re-sends `true` on a stream that already said it at most once per
+ * repeat_ms (0: every wake); changes of activation are always sent.
+ * Default 1000. */
+void scaler_service_set_wake_repeat(struct scaler_service *svc, int64_t repeat_ms);
+
 /* Health answers NOT_SERVING once this is false (during shutdown). */
 void scaler_service_set_serving(struct scaler_service *svc, bool serving);
 size_t scaler_service_stream_count(const struct scaler_service *svc);

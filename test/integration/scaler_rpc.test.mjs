@@ -796,7 +796,6 @@ function h2Frame(type, flags, streamId, payload) {
 }
 
 test('pushes wait in one bound per connection: a client that never lets them out loses its streams, not the scaler\'s memory', async (t) => {
-  const c = scaler.client;
   const model = 'rpc-noread';
   const ref = rawRef('noread', 'default', [['model', model], ['policy', 'v1']]);
   const msg = Buffer.concat([Buffer.from([0, 0, 0, 0, 0]), ref]);
@@ -807,6 +806,11 @@ test('pushes wait in one bound per connection: a client that never lets them out
     lit(':path', '/externalscaler.ExternalScaler/StreamIsActive'), lit(':authority', 'x'),
     lit('content-type', 'application/grpc'), lit('te', 'trailers')]);
   const streams = 200;
+  // Every wake pushed (not once a second per stream), so that the bound is
+  // reached in seconds.
+  const scaler = await startScaler({
+    prometheusUrl: prom.url, redisUrl: redis.url, name: 'thaw-scaler-noread', flags: { 'wake-repeat-ms': 0 },
+  });
   // SETTINGS_INITIAL_WINDOW_SIZE 0: the scaler may send headers, never data.
   const settings = Buffer.from([0, 4, 0, 0, 0, 0]);
   const frames = [Buffer.from('PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n'), h2Frame(4, 0, 0, settings)];
@@ -837,10 +841,12 @@ test('pushes wait in one bound per connection: a client that never lets them out
     t.diagnostic(`${wakes} wakes, ${streams} streams that cannot receive: RSS grew by ${grew} KiB`);
     if (!underSanitizer && !underValgrind) assert.ok(grew < 16 * 1024, `RSS grew by ${grew} KiB`);
     // Other connections are served as before.
-    assert.deepEqual(await c.isActive(scaledObjectRef('after-noread', { model: 'rpc-after' })), { result: false });
+    assert.deepEqual(await scaler.client.isActive(scaledObjectRef('after-noread', { model: 'rpc-after' })),
+      { result: false });
   } finally {
     pub.close();
     sock.destroy();
+    assert.equal(await scaler.stop(), 0);
   }
 });
 
