@@ -553,22 +553,6 @@ static void conn_maybe_close(struct conn *c)
         conn_free(c);
 }
 
-/* Writes the output buffer to the socket now, as far as it takes it, for a
- * connection about to be freed (the bufferevent would drop what it holds).
- * Never on TLS: those bytes must go through OpenSSL. A socket bufferevent
- * keeps its output's start frozen (only its own write callback drains it,
- * unfreezing it around the write); without the same here the write fails
- * and nothing leaves. */
-static void write_now(struct conn *c)
-{
-    struct evbuffer *out = bufferevent_get_output(c->bev);
-    if (c->is_tls || evbuffer_get_length(out) == 0)
-        return;
-    evbuffer_unfreeze(out, 1);
-    evbuffer_write(out, bufferevent_getfd(c->bev));
-    evbuffer_freeze(out, 1);
-}
-
 /* Serializes pending frames into the socket buffer, up to the output bound.
  * The write callback continues when the socket drains. */
 static void conn_flush(struct conn *c)
@@ -630,20 +614,19 @@ static void conn_read_cb(struct bufferevent *bev, void *arg)
                  * itself for some errors only (not for a bad preface or a
                  * CONTINUATION flood); a second one after its own is
                  * harmless. */
-                nghttp2_session_terminate_session(
-                    c->session, r == NGHTTP2_ERR_FLOODED ? NGHTTP2_ENHANCE_YOUR_CALM
-                                                         : NGHTTP2_PROTOCOL_ERROR);
-                struct evbuffer *out = bufferevent_get_output(c->bev);
-                const uint8_t *data = NULL;
-                ssize_t n;
-                while ((n = nghttp2_session_mem_send(c->session, &data)) > 0 &&
-                       evbuffer_get_length(out) < c->srv->limits.max_output_buffer)
-                    evbuffer_add(out, data, (size_t)n);
-                /* Written now, as far as the socket takes it: the bufferevent
-                 * is freed below. Over TLS the bytes would have to go through
-                 * OpenSSL first, so there the close is all the peer sees. */
-                write_now(c);
-                conn_free(c);
+                if (nghttp2_session_terminate_session(
+                        c->session, r == NGHTTP2_ERR_FLOODED ? NGHTTP2_ENHANCE_YOUR_CALM
+                                                             : NGHTTP2_PROTOCOL_ERROR) != 0 ||
+                    bufferevent_disable(c->bev, EV_READ) != 0) {
+                    conn_free(c);
+                    return;
+                }
+                /* Nothing more is read. The GOAWAY leaves like any frame
+                 * (through OpenSSL too), and conn_maybe_close frees the
+                 * connection once nghttp2 has sent it and the output has
+                 * drained, as after nghttp2's own GOAWAYs; a peer that does
+                 * not read it keeps its connection as an idle peer would. */
+                conn_flush(c);
                 return;
             }
             total += vec[i].iov_len;

@@ -9,7 +9,7 @@
  * learns of the peer going away through the cancel callback.
  *
  * Promises: malformed HTTP/2 closes only that connection, after a GOAWAY
- * (cleartext; over TLS the close alone); unknown
+ * (over TLS too; once it has left); unknown
  * methods get UNIMPLEMENTED; a wrong content-type gets HTTP 415; a request
  * message over max_message gets RESOURCE_EXHAUSTED; zero or several request
  * messages, or one cut short, get INTERNAL; requests in progress hold at most

@@ -302,6 +302,39 @@ test('TLS: a client that does not trust the server CA fails', async () => {
   assert.match(e3.code ?? e3.message, /ERR_TLS_CERT_ALTNAME_INVALID/);
 });
 
+/** The error code of the first GOAWAY frame in bytes a server sent, or null. */
+function firstGoawayCode(bytes) {
+  for (let off = 0; off + 9 <= bytes.length;) {
+    const len = bytes.readUIntBE(off, 3);
+    if (bytes[off + 3] === 7 && off + 9 + 8 <= bytes.length) return bytes.readUInt32BE(off + 9 + 4);
+    off += 9 + len;
+  }
+  return null;
+}
+
+test('TLS: a bad client preface is answered with a GOAWAY through TLS, then the close', async () => {
+  // HTTP/1.1 inside a TLS session that agreed on h2: nghttp2 refuses the
+  // preface and leaves the GOAWAY to the server (frame errors after a good
+  // preface get nghttp2's own).
+  const bad = Buffer.from('GET / HTTP/1.1\r\nHost: x\r\n\r\n');
+  const { got, closed } = await new Promise((resolve, reject) => {
+    const s = tls.connect({ host: '127.0.0.1', port: plainTls.grpcPort, ca: read(ca.crt),
+      servername: 'localhost', ALPNProtocols: ['h2'] }, () => s.write(bad));
+    let data = Buffer.alloc(0);
+    s.on('data', (d) => { data = Buffer.concat([data, d]); });
+    s.on('close', () => resolve({ got: data, closed: true }));
+    s.on('error', () => {});
+    s.setTimeout(5000, () => { s.destroy(); resolve({ got: data, closed: false }); });
+    s.once('error', reject);
+  });
+  assert.ok(closed, 'the server closed the connection');
+  assert.equal(firstGoawayCode(got), 1 /* PROTOCOL_ERROR */,
+    `GOAWAY PROTOCOL_ERROR inside TLS; got ${got.toString('hex').slice(0, 120)}`);
+  const c = tlsClient(plainTls.grpcPort, { ca: read(ca.crt) });
+  assert.deepEqual(await c.healthCheck(''), { status: 'SERVING' });
+  c.close();
+});
+
 test('TLS: a cleartext client fails, is counted, and the server keeps serving', async () => {
   const before = await failures(plainTls, 'not_tls');
   const ref = scaledObjectRef('clear-so', { model: 'clear' });
