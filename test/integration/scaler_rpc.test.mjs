@@ -17,7 +17,7 @@ import {
   loadGrpc, REDIS_CLI, spawnProcess, startPrometheus, startRedis, waitUntil,
 } from './lib/harness.mjs';
 import {
-  deadUrl, getDesired, respConnect, sampleValue, scaledObjectRef, separateConnectionClient, sleep,
+  deadUrl, firstGoawayCode, getDesired, respConnect, sampleValue, scaledObjectRef, separateConnectionClient, sleep,
   startScaler, statusName, unary, waitDesired,
 } from './lib/scaler_env.mjs';
 import { rssKiB, underSanitizer, underValgrind } from './faults_lib.mjs';
@@ -382,16 +382,6 @@ function rawSocket() {
 async function closesWithin(sock, ms) {
   const t = await Promise.race([sock.closedP.then(() => 'closed'), sleep(ms).then(() => 'open')]);
   return t === 'closed';
-}
-
-/** The error code of the first GOAWAY frame in bytes a server sent, or null. */
-function firstGoawayCode(bytes) {
-  for (let off = 0; off + 9 <= bytes.length;) {
-    const len = bytes.readUIntBE(off, 3);
-    if (bytes[off + 3] === 7 && off + 9 + 8 <= bytes.length) return bytes.readUInt32BE(off + 9 + 4);
-    off += 9 + len;
-  }
-  return null;
 }
 
 test('garbage bytes and a truncated preface neither crash nor stall the server', async () => {

@@ -21,7 +21,7 @@ import tls from 'node:tls';
 import { after, before, test } from 'node:test';
 
 import { loadGrpc, startPrometheus, startRedis, tmpDir, waitUntil } from './lib/harness.mjs';
-import { sampleValue, scaledObjectRef, sleep, startScaler } from './lib/scaler_env.mjs';
+import { firstGoawayCode, sampleValue, scaledObjectRef, sleep, startScaler } from './lib/scaler_env.mjs';
 
 const RELOAD_S = 0.3;
 
@@ -301,16 +301,6 @@ test('TLS: a client that does not trust the server CA fails', async () => {
     'node:tls, wrong name');
   assert.match(e3.code ?? e3.message, /ERR_TLS_CERT_ALTNAME_INVALID/);
 });
-
-/** The error code of the first GOAWAY frame in bytes a server sent, or null. */
-function firstGoawayCode(bytes) {
-  for (let off = 0; off + 9 <= bytes.length;) {
-    const len = bytes.readUIntBE(off, 3);
-    if (bytes[off + 3] === 7 && off + 9 + 8 <= bytes.length) return bytes.readUInt32BE(off + 9 + 4);
-    off += 9 + len;
-  }
-  return null;
-}
 
 test('TLS: a bad client preface is answered with a GOAWAY through TLS, then the close', async () => {
   // HTTP/1.1 inside a TLS session that agreed on h2: nghttp2 refuses the

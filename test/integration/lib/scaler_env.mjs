@@ -162,6 +162,16 @@ export function parseExposition(text) {
   return out;
 }
 
+/** The error code of the first GOAWAY frame in bytes a server sent, or null. */
+export function firstGoawayCode(bytes) {
+  for (let off = 0; off + 9 <= bytes.length;) {
+    const len = bytes.readUIntBE(off, 3);
+    if (bytes[off + 3] === 7 && off + 9 + 8 <= bytes.length) return bytes.readUInt32BE(off + 9 + 4);
+    off += 9 + len;
+  }
+  return null;
+}
+
 /** The value of the one sample named `name` whose labels include `labels`, or undefined. */
 export function sampleValue(samples, name, labels = {}) {
   const hits = samples.filter((s) => s.name === name &&
