@@ -564,16 +564,16 @@ ssize_t http1_parse_response(struct http1_scan *s, const char *buf, size_t len,
     if (request_was_head || status < 200 || status == 204 || status == 304) {
         out->body = HTTP1_BODY_NONE;
     } else if (f.te_present) {
-        /* RFC 9112 6.3: Transfer-Encoding overrides Content-Length; a final
-         * coding other than chunked means the body runs until close. */
-        if (f.te.last_chunked && !f.te.chunked_before_last) {
-            out->body = HTTP1_BODY_CHUNKED;
-            if (f.cl.seen || f.cl.bad)
-                out->keep_alive = false;
-        } else {
-            out->body = HTTP1_BODY_UNTIL_CLOSE;
+        /* RFC 9112 6.3: Transfer-Encoding overrides Content-Length. Only
+         * chunked alone is taken: the proxy removes the field (hop-by-hop) and
+         * frames the body itself, so another coding (gzip, ...) would reach
+         * the client undecoded and unlabelled, and chunked twice would hand
+         * it the inner chunk lines as data. */
+        if (f.te.other || f.te.chunked_before_last || f.te.codings == 0)
+            return f.te.codings == 0 ? HTTP1_ERR_FRAMING : HTTP1_ERR_TRANSFER_CODING;
+        out->body = HTTP1_BODY_CHUNKED;
+        if (f.cl.seen || f.cl.bad)
             out->keep_alive = false;
-        }
     } else if (f.cl.bad) {
         return HTTP1_ERR_CONTENT_LENGTH;
     } else if (f.cl.seen) {

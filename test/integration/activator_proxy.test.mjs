@@ -6,6 +6,7 @@
 import fs from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
+import zlib from 'node:zlib';
 import { after, before, test } from 'node:test';
 
 import {
@@ -29,6 +30,13 @@ function startEcho() {
         if (req.url === '/health') { res.end('ok'); return; }
         // RFC 9110 forbids Content-Length on a 204; node sends it if asked.
         if (req.url === '/no-content') { res.writeHead(204, { 'content-length': '5' }); res.end(); return; }
+        // A transfer coding the activator does not decode: node frames the
+        // body as chunked and sends the field as given.
+        if (req.url === '/gzip-te') {
+          res.writeHead(200, { 'transfer-encoding': 'gzip, chunked' });
+          res.end(zlib.gzipSync('hello'));
+          return;
+        }
         // A backend that drops a kept-alive connection when the next request
         // arrives on it (the keep-alive race), without a byte of answer.
         req.socket.served = (req.socket.served ?? 0) + 1;
@@ -168,6 +176,13 @@ test('a backend 204 with a Content-Length reaches the client without it', async 
   assert.deepEqual(statusCodes(r.text), [204, 200], r.text);
   const first = r.text.slice(0, r.text.indexOf('HTTP/1.1 200'));
   assert.doesNotMatch(first, /content-length/i, first);
+});
+
+test('a backend body in a transfer coding other than chunked is a 502, not passed on undecoded and unlabelled', async () => {
+  const r = await rawExchange(act.port, ['GET /gzip-te HTTP/1.1\r\nHost: echo.local\r\n\r\n',
+    'GET /x HTTP/1.1\r\nHost: echo.local\r\n\r\n'], { idleMs: 800 });
+  assert.deepEqual(statusCodes(r.text), [502, 200], r.text);
+  assert.match(r.text, /the model server sent an invalid response/);
 });
 
 test('a Host named in Connection still reaches the backend', async () => {
