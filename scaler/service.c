@@ -36,8 +36,8 @@ struct stream_sub {
     struct grpc_call *call;
     struct target *target;
     struct stream_sub *prev, *next;
-    bool sent_true;       /* the last message on this stream said active */
-    int64_t sent_true_ms; /* and when (monotonic ms) */
+    bool last_sent_active; /* what the last message on this stream said */
+    int64_t last_sent_ms;  /* and when (monotonic ms) */
 };
 
 /* Default of scaler_service_set_wake_repeat. A wake repeats `true` on a
@@ -225,8 +225,8 @@ static int stream_send(struct stream_sub *s, bool active, int64_t now_ms)
 {
     if (send_active(s->call, active) != 0)
         return -1;
-    s->sent_true = active;
-    s->sent_true_ms = now_ms;
+    s->last_sent_active = active;
+    s->last_sent_ms = now_ms;
     return 0;
 }
 
@@ -449,7 +449,8 @@ static void push_model(struct scaler_service *svc, const char *model, struct tar
          * changes the list here, and it frees nothing but s. */
         struct stream_sub *next = s->next;
         bool last = next == NULL;
-        if (!only && s->sent_true && now - s->sent_true_ms < svc->wake_repeat_ms) {
+        bool repeat = !only && s->last_sent_active && now - s->last_sent_ms < svc->wake_repeat_ms;
+        if (repeat) {
             svc->pushes_coalesced++;
         } else if (!only || s->target == only) {
             if (stream_send(s, active, now) == 0) {
@@ -600,7 +601,7 @@ void scaler_service_write_metrics(const struct scaler_service *svc, struct evbuf
     expo_labels(labels, sizeof(labels), "cause", "decision_change", (char *)NULL);
     expo_sample(out, "thaw_scaler_pushes_total", labels, (double)svc->pushes_change);
     expo_family(out, "thaw_scaler_wake_pushes_coalesced_total", "counter",
-                "Wake pushes not sent: the stream had said true less than 1 s before.");
+                "Wake pushes not sent: the stream had said true within --wake-repeat-ms.");
     expo_sample(out, "thaw_scaler_wake_pushes_coalesced_total", NULL,
                 (double)svc->pushes_coalesced);
     expo_family(out, "thaw_scaler_push_failures_total", "counter",

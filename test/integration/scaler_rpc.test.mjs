@@ -798,7 +798,7 @@ test('pushes wait in one bound per connection: a client that never lets them out
   const streams = 200;
   // Every wake pushed (not once a second per stream), so that the bound is
   // reached in seconds.
-  const scaler = await startScaler({
+  const noread = await startScaler({
     prometheusUrl: prom.url, redisUrl: redis.url, name: 'thaw-scaler-noread', flags: { 'wake-repeat-ms': 0 },
   });
   // SETTINGS_INITIAL_WINDOW_SIZE 0: the scaler may send headers, never data.
@@ -807,36 +807,36 @@ test('pushes wait in one bound per connection: a client that never lets them out
   for (let i = 0; i < streams; i++) {
     frames.push(h2Frame(1, 4, 1 + 2 * i, headers), h2Frame(0, 1, 1 + 2 * i, msg));
   }
-  const before = await scaler.metrics();
+  const before = await noread.metrics();
   const failures0 = sampleValue(before, 'thaw_scaler_push_failures_total');
   const streams0 = sampleValue(before, 'thaw_scaler_active_streams');
-  const rss0 = rssKiB(scaler.proc.pid);
-  const sock = net.connect({ port: scaler.grpcPort, host: '127.0.0.1' });
+  const rss0 = rssKiB(noread.proc.pid);
+  const sock = net.connect({ port: noread.grpcPort, host: '127.0.0.1' });
   sock.on('data', () => {});
   sock.on('error', () => {});
   const pub = await respConnect(redis.port);
   try {
     sock.write(Buffer.concat(frames));
-    await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_active_streams') === streams0 + streams,
+    await waitUntil(async () => sampleValue(await noread.metrics(), 'thaw_scaler_active_streams') === streams0 + streams,
       5000, { what: `${streams} streams open` });
     // Each wake queues a 7-byte push on each stream: 1 400 bytes a wake, so
     // the 1 MiB of the connection is full after about 750 wakes.
     const wakes = 3000;
     await Promise.all(Array.from({ length: wakes }, () => pub.command('PUBLISH', 'thaw:wake', model)));
-    await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_active_streams') === streams0,
+    await waitUntil(async () => sampleValue(await noread.metrics(), 'thaw_scaler_active_streams') === streams0,
       10000, { what: 'every stream of the stuck connection ended' });
-    const m = await scaler.metrics();
+    const m = await noread.metrics();
     assert.equal(sampleValue(m, 'thaw_scaler_push_failures_total') - failures0, streams);
-    const grew = rssKiB(scaler.proc.pid) - rss0;
+    const grew = rssKiB(noread.proc.pid) - rss0;
     t.diagnostic(`${wakes} wakes, ${streams} streams that cannot receive: RSS grew by ${grew} KiB`);
     if (!underSanitizer && !underValgrind) assert.ok(grew < 16 * 1024, `RSS grew by ${grew} KiB`);
     // Other connections are served as before.
-    assert.deepEqual(await scaler.client.isActive(scaledObjectRef('after-noread', { model: 'rpc-after' })),
+    assert.deepEqual(await noread.client.isActive(scaledObjectRef('after-noread', { model: 'rpc-after' })),
       { result: false });
   } finally {
     pub.close();
     sock.destroy();
-    assert.equal(await scaler.stop(), 0);
+    assert.equal(await noread.stop(), 0);
   }
 });
 
