@@ -122,3 +122,22 @@ const char *log_quote(char *out, size_t outlen, const char *s)
     out[o] = '\0';
     return out;
 }
+
+const char *log_quote_url(char *out, size_t outlen, const char *url)
+{
+    if (!url)
+        return log_quote(out, outlen, url);
+    const char *auth = strstr(url, "://");
+    auth = auth ? auth + 3 : url;
+    size_t auth_len = strcspn(auth, "/?#"); /* the authority: [userinfo@]host[:port] */
+    const char *at = NULL; /* the last '@': a password may hold one */
+    for (size_t i = 0; i < auth_len; i++)
+        if (auth[i] == '@')
+            at = auth + i;
+    const char *colon = at ? memchr(auth, ':', (size_t)(at - auth)) : NULL;
+    if (!colon)
+        return log_quote(out, outlen, url);
+    char redacted[1024];
+    snprintf(redacted, sizeof(redacted), "%.*sREDACTED%s", (int)(colon + 1 - url), url, at);
+    return log_quote(out, outlen, redacted);
+}

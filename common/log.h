@@ -28,6 +28,9 @@ void log_emit(enum log_level level, const char *event, const char *fmt, ...)
 /* Writes s as a logfmt value into out: bare when safe, else "quoted" with
  * escapes; truncated to fit. Returns out. */
 const char *log_quote(char *out, size_t outlen, const char *s);
+/* log_quote of a URL with the password in its userinfo (scheme://user:PASSWORD@host)
+ * replaced by "REDACTED": URLs carry credentials, logs are widely readable. */
+const char *log_quote_url(char *out, size_t outlen, const char *url);
 
 #define LOG_DEBUG(ev, ...) do { if (log_get_level() <= LOG_LEVEL_DEBUG) log_emit(LOG_LEVEL_DEBUG, ev, __VA_ARGS__); } while (0)
 #define LOG_INFO(ev, ...) log_emit(LOG_LEVEL_INFO, ev, __VA_ARGS__)

@@ -52,6 +52,7 @@ struct settings {
     long max_connections;
     long max_targets;
     long wake_repeat_ms;
+    long max_wake_held;
     long max_request_bytes;
     double request_timeout_seconds;
     double shutdown_timeout_seconds;
@@ -118,6 +119,10 @@ static const struct opt_def option_defs[] = {
      "often (KEDA runs RequestScale for every message; each activator renews its wakes); "
      "a change of activation is always sent at once; 0: every wake",
      "wakeRepeatMs"},
+    {"max-wake-held", OPT_INT, S(max_wake_held), "10000", 1, 9999999,
+     "a POST /wake counts at most this many held requests (an activator holds "
+     "maxHeldRequests, 1000 by default): one bad or hostile post cannot ask for thousands "
+     "of replicas", "maxWakeHeld"},
     {"max-connections", OPT_INT, S(max_connections), "10000", 1, 1000000,
      "gRPC connections accepted at once", "maxConnections"},
     {"max-request-bytes", OPT_INT, S(max_request_bytes), "67108864", 65536, 1073741824,
@@ -161,9 +166,11 @@ struct app {
     struct redis_source *redis;
     struct event *prom_timer, *redis_timer, *tick_timer, *sigterm, *sigint, *shutdown_timer;
     struct event *tls_timer;
+    struct event *read_now; /* one-shot: read the sources for a new target */
     bool queue_in_flight, held_in_flight, stopping;
+    bool redis_again; /* a new target came while a Redis batch was in flight */
     int64_t last_gc_ms;
-    uint64_t http_wakes, http_wakes_refused;
+    uint64_t http_wakes, http_wakes_refused, http_wakes_capped;
     struct page_job *jobs; /* /metrics and /models pages being built */
     size_t njobs;
 };
@@ -188,6 +195,19 @@ static void prom_timer_cb(evutil_socket_t fd, short what, void *arg)
                       app);
 }
 
+static void redis_read(struct app *app, int64_t now);
+
+/* A batch in flight when a new target came does not cover it: read again
+ * once both batches are back. */
+static void redis_read_again(struct app *app)
+{
+    if (app->redis_again && !app->queue_in_flight && !app->held_in_flight) {
+        app->redis_again = false;
+        if (redis_source_connected(app->redis))
+            redis_read(app, clock_mono_ms());
+    }
+}
+
 static void queue_done(void *ud, int status, const long long *lengths, size_t n,
                        const char *err)
 {
@@ -197,6 +217,7 @@ static void queue_done(void *ud, int status, const long long *lengths, size_t n,
         scaler_state_queue_ok(app->st, lengths, n, clock_mono_ms());
     else
         scaler_state_source_failed(app->st, SOURCE_REDIS_QUEUE, err, clock_mono_ms());
+    redis_read_again(app);
 }
 
 static void held_done(void *ud, int status, const long long *held, const long long *queued,
@@ -210,6 +231,7 @@ static void held_done(void *ud, int status, const long long *held, const long lo
                              clock_mono_ms());
     else
         scaler_state_source_failed(app->st, SOURCE_REDIS_HELD, err, clock_mono_ms());
+    redis_read_again(app);
 }
 
 static void redis_timer_cb(evutil_socket_t fd, short what, void *arg)
@@ -221,6 +243,11 @@ static void redis_timer_cb(evutil_socket_t fd, short what, void *arg)
         scaler_state_source_failed(app->st, SOURCE_REDIS_HELD, "not connected", now);
         return;
     }
+    redis_read(app, now);
+}
+
+static void redis_read(struct app *app, int64_t now)
+{
     /* Forget old targets only while no batch points into the state. */
     if (!app->queue_in_flight && !app->held_in_flight && now - app->last_gc_ms > 60000) {
         scaler_state_gc(app->st, now);
@@ -247,6 +274,30 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     struct app *app = arg;
     /* Time alone changes decisions: stabilization windows and wake holds expire. */
     scaler_state_tick(app->st, clock_mono_ms());
+    scaler_service_tick(app->svc, clock_mono_ms());
+}
+
+/* A new target's calls wait for its first reading (service.c): take it now
+ * rather than up to an interval later. One read serves every target that
+ * appeared meanwhile. */
+static void read_now_cb(evutil_socket_t fd, short what, void *arg)
+{
+    struct app *app = arg;
+    prom_timer_cb(-1, 0, app); /* an answer already on its way covers the target too */
+    if (app->queue_in_flight || app->held_in_flight)
+        app->redis_again = true;
+    else if (redis_source_connected(app->redis))
+        redis_read(app, clock_mono_ms());
+    /* Not connected: the connection's own timer and retries report that. */
+}
+
+static void on_new_target(void *ud, struct target *t)
+{
+    (void)t;
+    struct app *app = ud;
+    struct timeval zero = {0, 0};
+    if (!evtimer_pending(app->read_now, NULL) && evtimer_add(app->read_now, &zero) != 0)
+        LOG_WARN("read_now_failed", "error=\"could not schedule a read for a new target\"");
 }
 
 static void tls_timer_cb(evutil_socket_t fd, short what, void *arg)
@@ -459,6 +510,10 @@ static void http_metrics(struct evhttp_request *req, void *arg)
     expo_sample(out, "thaw_scaler_http_wakes_total", "result=\"ok\"", (double)app->http_wakes);
     expo_sample(out, "thaw_scaler_http_wakes_total", "result=\"refused\"",
                 (double)app->http_wakes_refused);
+    expo_family(out, "thaw_scaler_http_wakes_held_capped_total", "counter",
+                "POST /wake requests whose held count was cut to --max-wake-held.");
+    expo_sample(out, "thaw_scaler_http_wakes_held_capped_total", NULL,
+                (double)app->http_wakes_capped);
     expo_family(out, "thaw_scaler_redis_commands_total", "counter",
                 "Redis commands sent in all batches.");
     expo_sample(out, "thaw_scaler_redis_commands_total", NULL, (double)rs.commands);
@@ -587,10 +642,15 @@ static void http_wake(struct evhttp_request *req, void *arg)
         return;
     }
     app->http_wakes++;
+    if (w.held > (double)app->cfg.max_wake_held) {
+        w.held = (double)app->cfg.max_wake_held;
+        app->http_wakes_capped++;
+    }
     size_t targets = scaler_service_wake(app->svc, w.model, w.has_instance ? w.instance : NULL,
                                          w.held);
     struct evbuffer *out = evbuffer_new();
-    json_t *o = json_pack("{s:s,s:I}", "model", w.model, "targets", (json_int_t)targets);
+    json_t *o = json_pack("{s:s,s:I,s:f}", "model", w.model, "targets", (json_int_t)targets,
+                          "held", w.held);
     char *text = o ? json_dumps(o, JSON_COMPACT) : NULL;
     if (out && text)
         evbuffer_add_printf(out, "%s\n", text);
@@ -701,9 +761,9 @@ static void app_free(struct app *app)
     redis_source_free(app->redis);
     if (app->http)
         evhttp_free(app->http);
-    struct event *evs[] = {app->prom_timer, app->redis_timer, app->tick_timer,
-                           app->sigterm,    app->sigint,      app->shutdown_timer,
-                           app->tls_timer};
+    struct event *evs[] = {app->prom_timer, app->redis_timer,    app->tick_timer,
+                           app->sigterm,    app->sigint,         app->shutdown_timer,
+                           app->tls_timer,  app->read_now};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             event_free(evs[i]);
@@ -816,6 +876,7 @@ int main(int argc, char **argv)
         return 1;
     }
     scaler_service_attach(app.svc, app.st);
+    scaler_state_set_target_hooks(app.st, on_new_target, &app, scaler_service_on_fresh, app.svc);
     scaler_service_set_wake_repeat(app.svc, app.cfg.wake_repeat_ms);
     if (scaler_service_set_tenancy(app.svc, app.cfg.redis_key_prefix,
                                    app.cfg.allowed_namespaces) != 0) {
@@ -865,8 +926,9 @@ int main(int argc, char **argv)
     app.sigterm = evsignal_new(app.base, SIGTERM, signal_cb, &app);
     app.sigint = evsignal_new(app.base, SIGINT, signal_cb, &app);
     app.shutdown_timer = evtimer_new(app.base, shutdown_timeout_cb, &app);
+    app.read_now = evtimer_new(app.base, read_now_cb, &app);
     if (!app.prom_timer || !app.redis_timer || !app.tick_timer || !app.sigterm || !app.sigint ||
-        !app.shutdown_timer) {
+        !app.shutdown_timer || !app.read_now) {
         LOG_ERROR("startup_failed", "error=\"out of memory\"");
         app_free(&app);
         return 1;
@@ -883,14 +945,15 @@ int main(int argc, char **argv)
     event_active(app.prom_timer, EV_TIMEOUT, 0);
     app.last_gc_ms = clock_mono_ms();
 
-    char q2[300];
+    char q2[300], q3[300];
     /* tls= sits before query=: parsers read the query up to the end of the line. */
     LOG_INFO("listening", "grpc_port=%d http_port=%d tls=%s prometheus=%s redis=%s query=%s",
              grpc_port, http_port,
              !app.tls ? "off" : app.cfg.tls_client_ca_file && app.cfg.tls_client_ca_file[0]
                                     ? "mutual"
                                     : "on",
-             log_quote(q2, sizeof(q2), app.cfg.prometheus_url), app.cfg.redis_url,
+             log_quote_url(q2, sizeof(q2), app.cfg.prometheus_url),
+             log_quote_url(q3, sizeof(q3), app.cfg.redis_url),
              log_quote(q1, sizeof(q1), app.cfg.token_rate_query));
     event_base_dispatch(app.base);
     LOG_INFO("stopped", "streams_left=%zu", scaler_service_stream_count(app.svc));

@@ -5,6 +5,7 @@
 #include <event2/event.h>
 #include <jansson.h>
 #include <math.h>
+#include <stdbool.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -59,7 +60,7 @@ static void describe_error_envelope(const json_t *root, char *out, size_t outlen
 
 /* A sample is [<unix time number>, "<float as string>"]. Returns 0 or -1
  * with *why pointing at a static reason. */
-static int parse_sample_pair(const json_t *pair, double *out, const char **why)
+static int parse_sample_pair(const json_t *pair, double *out, bool *invalid, const char **why)
 {
     if (!json_is_array(pair) || json_array_size(pair) != 2) {
         *why = "not a [time, \"value\"] pair";
@@ -89,9 +90,10 @@ static int parse_sample_pair(const json_t *pair, double *out, const char **why)
         *why = "sample value is not a number";
         return -1;
     }
-    /* NaN, +Inf, -Inf and overflow (ERANGE gives HUGE_VAL) carry no usable
-     * load figure; the header promises 0 for them. */
-    *out = isfinite(v) ? v : 0.0;
+    /* NaN, +Inf, -Inf and overflow (ERANGE gives HUGE_VAL), and a negative
+     * rate, carry no usable load figure: flagged, and 0 as the header says. */
+    *invalid = !isfinite(v) || v < 0;
+    *out = *invalid ? 0.0 : v;
     return 0;
 }
 
@@ -99,8 +101,9 @@ static int parse_scalar(const json_t *result, struct prom_sample **out, size_t *
                         size_t errlen)
 {
     double v = 0;
+    bool invalid = false;
     const char *why = NULL;
-    if (parse_sample_pair(result, &v, &why) < 0) {
+    if (parse_sample_pair(result, &v, &invalid, &why) < 0) {
         set_err(err, errlen, "data.result: %s", why);
         return -1;
     }
@@ -116,6 +119,7 @@ static int parse_scalar(const json_t *result, struct prom_sample **out, size_t *
         return -1;
     }
     s->value = v;
+    s->invalid = invalid;
     *out = s;
     *n = 1;
     return 0;
@@ -151,10 +155,11 @@ static int parse_vector(const json_t *result, const char *label, struct prom_sam
             goto fail;
         }
         double v = 0;
+        bool invalid = false;
         const char *why = NULL;
         /* Checked even for series we skip: a malformed value anywhere means
          * the answer is not the format we understand. */
-        if (parse_sample_pair(json_object_get(item, "value"), &v, &why) < 0) {
+        if (parse_sample_pair(json_object_get(item, "value"), &v, &invalid, &why) < 0) {
             set_err(err, errlen, "data.result[%zu].value: %s", i, why);
             goto fail;
         }
@@ -171,6 +176,7 @@ static int parse_vector(const json_t *result, const char *label, struct prom_sam
             goto fail;
         }
         samples[k].value = v;
+        samples[k].invalid = invalid;
         k++;
     }
     if (k == 0) {

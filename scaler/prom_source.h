@@ -7,6 +7,7 @@
 #ifndef THAW_PROM_SOURCE_H
 #define THAW_PROM_SOURCE_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -16,7 +17,10 @@ struct prom_source;
 /* One element of an instant-vector result: the value of `label` and the sample. */
 struct prom_sample {
     char *label_value; /* owned by the array (freed by prom_samples_free) */
-    double value;      /* NaN/Inf from Prometheus are reported as 0 */
+    double value;      /* finite and >= 0; 0 when invalid */
+    /* The value was NaN, +Inf, -Inf, out of range or negative: not a reading
+     * of the load (the state keeps the last good rate). */
+    bool invalid;
 };
 
 void prom_samples_free(struct prom_sample *samples, size_t n);

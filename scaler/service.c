@@ -52,6 +52,26 @@ struct sub_list {
     struct stream_sub *head;
 };
 
+/* An IsActive or GetMetrics call for a target still awaiting its first
+ * reading (target_awaiting_data), answered when that comes or at its
+ * deadline. */
+struct pending_call {
+    struct scaler_service *svc;
+    struct grpc_call *call;
+    struct target *target;
+    bool get_metrics; /* else IsActive */
+    char metric_name[256];
+    int64_t deadline_ms;
+    struct pending_call *prev, *next;
+};
+
+/* How long a call waits for a new target's first reading. The sources are
+ * read at once for a new target, so this is reached only when one is slow
+ * or down; KEDA then sees UNAVAILABLE and keeps the replicas. */
+#define PENDING_WAIT_MS 2000
+/* Calls waiting at once, beyond which the rest get UNAVAILABLE at once. */
+#define PENDING_MAX 10000
+
 struct scaler_service {
     struct scaler_state *st;
     struct grpc_method methods[M_COUNT];
@@ -67,6 +87,9 @@ struct scaler_service {
     uint64_t pushes_coalesced;
     int64_t wake_repeat_ms;
     uint64_t push_failures;
+    struct pending_call *pending; /* doubly linked */
+    size_t npending;
+    uint64_t calls_wait_answered, calls_wait_expired;
 };
 
 /* protobuf-c allocates through our wrapper too, so OOM paths are testable. */
@@ -232,12 +255,13 @@ static int stream_send(struct stream_sub *s, bool active, int64_t now_ms)
 
 /* ---- handlers --------------------------------------------------------- */
 
-static void handle_is_active(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
+#define AWAITING_MESSAGE                                                                  \
+    "no reading of the signal sources yet since this ScaledObject (or the scaler) started; " \
+    "refusing to guess"
+
+static void answer_is_active(struct scaler_service *svc, struct grpc_call *call,
+                             struct target *t)
 {
-    struct scaler_service *svc = ud;
-    struct target *t = resolve_ref_message(svc, call, msg, len);
-    if (!t)
-        return;
     const struct policy_decision *d = target_decision(t);
     /* An inactive answer built on data older than the limit could scale a
      * busy model to zero; an error makes KEDA keep the replicas instead. */
@@ -247,9 +271,156 @@ static void handle_is_active(void *ud, struct grpc_call *call, const uint8_t *ms
                          "inactive");
         return;
     }
+    if (!d->active && target_awaiting_data(t)) {
+        grpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, AWAITING_MESSAGE);
+        return;
+    }
     Externalscaler__IsActiveResponse resp = EXTERNALSCALER__IS_ACTIVE_RESPONSE__INIT;
     resp.result = d->active;
     reply_unary(call, &resp.base);
+}
+
+static void answer_get_metrics(struct scaler_service *svc, struct grpc_call *call,
+                               struct target *t, const char *name)
+{
+    if (target_beyond_staleness(svc->st, t, clock_mono_ms())) {
+        /* KEDA's `fallback` replicas apply on errors. */
+        grpc_call_finish(call, GRPC_STATUS_UNAVAILABLE,
+                         "signal sources are stale beyond the staleness limit");
+        return;
+    }
+    /* Even an active target: a count from the held requests alone, with the
+     * token rate unknown, could be far below the replicas a busy model has. */
+    if (target_awaiting_data(t)) {
+        grpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, AWAITING_MESSAGE);
+        return;
+    }
+    long desired = target_decision(t)->desired;
+    /* As in GetMetricSpec: the INIT macro fills the deprecated metricValue field. */
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    Externalscaler__MetricValue value = EXTERNALSCALER__METRIC_VALUE__INIT;
+#pragma GCC diagnostic pop
+    Externalscaler__MetricValue *values[1] = {&value};
+    Externalscaler__GetMetricsResponse resp = EXTERNALSCALER__GET_METRICS_RESPONSE__INIT;
+    value.metricname = (char *)name;
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
+    value.metricvalue = desired;
+#pragma GCC diagnostic pop
+    value.metricvaluefloat = (double)desired;
+    resp.n_metricvalues = 1;
+    resp.metricvalues = values;
+    reply_unary(call, &resp.base);
+}
+
+static void pending_unlink(struct pending_call *p)
+{
+    struct scaler_service *svc = p->svc;
+    if (p->prev)
+        p->prev->next = p->next;
+    else
+        svc->pending = p->next;
+    if (p->next)
+        p->next->prev = p->prev;
+    svc->npending--;
+    target_unref(p->target);
+    thaw_free(p);
+}
+
+static void pending_cancelled(void *ud, struct grpc_call *call)
+{
+    (void)call;
+    pending_unlink(ud);
+}
+
+static void pending_answer(struct pending_call *p)
+{
+    struct scaler_service *svc = p->svc;
+    struct grpc_call *call = p->call;
+    struct target *t = p->target;
+    char name[sizeof(p->metric_name)];
+    bool get_metrics = p->get_metrics;
+    memcpy(name, p->metric_name, sizeof(name));
+    grpc_call_set_cancel(call, NULL, NULL);
+    pending_unlink(p);
+    if (get_metrics)
+        answer_get_metrics(svc, call, t, name);
+    else
+        answer_is_active(svc, call, t);
+}
+
+/* Answers now if the target has had its first reading; else the call waits
+ * for it (scaler_service_on_fresh) or for PENDING_WAIT_MS. A restarted scaler
+ * or a new ScaledObject would otherwise report a busy model as idle. */
+static void answer_or_wait(struct scaler_service *svc, struct grpc_call *call, struct target *t,
+                           const char *metric_name)
+{
+    bool get_metrics = metric_name != NULL;
+    /* Not while a source is failing: the reading would not come in time. */
+    bool must_wait = target_awaiting_data(t) &&
+                     (get_metrics || !target_decision(t)->active) &&
+                     !scaler_state_source_failing(svc->st);
+    struct pending_call *p = NULL;
+    if (must_wait && svc->npending < PENDING_MAX)
+        p = thaw_calloc(1, sizeof(*p));
+    if (!p) {
+        if (get_metrics)
+            answer_get_metrics(svc, call, t, metric_name);
+        else
+            answer_is_active(svc, call, t);
+        return;
+    }
+    p->svc = svc;
+    p->call = call;
+    p->target = t;
+    p->get_metrics = get_metrics;
+    if (get_metrics)
+        snprintf(p->metric_name, sizeof(p->metric_name), "%s", metric_name);
+    p->deadline_ms = clock_mono_ms() + PENDING_WAIT_MS;
+    p->next = svc->pending;
+    if (p->next)
+        p->next->prev = p;
+    svc->pending = p;
+    svc->npending++;
+    target_ref(t);
+    grpc_call_set_cancel(call, pending_cancelled, p);
+}
+
+void scaler_service_on_fresh(void *ud, struct target *t)
+{
+    struct scaler_service *svc = ud;
+    struct pending_call *p = svc->pending;
+    while (p) {
+        struct pending_call *next = p->next;
+        if (p->target == t) {
+            svc->calls_wait_answered++;
+            pending_answer(p);
+        }
+        p = next;
+    }
+}
+
+void scaler_service_tick(struct scaler_service *svc, int64_t now_ms)
+{
+    struct pending_call *p = svc->pending;
+    while (p) {
+        struct pending_call *next = p->next;
+        if (now_ms >= p->deadline_ms) {
+            svc->calls_wait_expired++;
+            pending_answer(p);
+        }
+        p = next;
+    }
+}
+
+static void handle_is_active(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
+{
+    struct scaler_service *svc = ud;
+    struct target *t = resolve_ref_message(svc, call, msg, len);
+    if (!t)
+        return;
+    answer_or_wait(svc, call, t, NULL);
 }
 
 static void sub_unlink(struct stream_sub *sub)
@@ -379,37 +550,13 @@ static void handle_get_metrics(void *ud, struct grpc_call *call, const uint8_t *
         externalscaler__get_metrics_request__free_unpacked(req, &pb_allocator);
         return;
     }
-    if (target_beyond_staleness(svc->st, t, clock_mono_ms())) {
-        externalscaler__get_metrics_request__free_unpacked(req, &pb_allocator);
-        /* KEDA's `fallback` replicas apply on errors. */
-        grpc_call_finish(call, GRPC_STATUS_UNAVAILABLE,
-                         "signal sources are stale beyond the staleness limit");
-        return;
-    }
     char name[256];
     if (req->metricname && *req->metricname)
         snprintf(name, sizeof(name), "%s", req->metricname);
     else
         metadata_metric_name(target_spec(t)->model, name, sizeof(name));
     externalscaler__get_metrics_request__free_unpacked(req, &pb_allocator);
-
-    long desired = target_decision(t)->desired;
-    /* As above: the INIT macro fills the deprecated metricValue field. */
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-    Externalscaler__MetricValue value = EXTERNALSCALER__METRIC_VALUE__INIT;
-#pragma GCC diagnostic pop
-    Externalscaler__MetricValue *values[1] = {&value};
-    Externalscaler__GetMetricsResponse resp = EXTERNALSCALER__GET_METRICS_RESPONSE__INIT;
-    value.metricname = name;
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wdeprecated-declarations"
-    value.metricvalue = desired;
-#pragma GCC diagnostic pop
-    value.metricvaluefloat = (double)desired;
-    resp.n_metricvalues = 1;
-    resp.metricvalues = values;
-    reply_unary(call, &resp.base);
+    answer_or_wait(svc, call, t, name);
 }
 
 static void handle_health_check(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
@@ -530,6 +677,13 @@ void scaler_service_free(struct scaler_service *svc)
         }
         thaw_free(list);
     }
+    /* The state (and its targets) may be gone already: no unref here. */
+    while (svc->pending) {
+        struct pending_call *next = svc->pending->next;
+        grpc_call_set_cancel(svc->pending->call, NULL, NULL);
+        thaw_free(svc->pending);
+        svc->pending = next;
+    }
     strmap_free(svc->subs_by_model);
     strmap_free(svc->unknown_keys);
     strmap_free(svc->namespaces);
@@ -609,4 +763,13 @@ void scaler_service_write_metrics(const struct scaler_service *svc, struct evbuf
     expo_sample(out, "thaw_scaler_push_failures_total", NULL, (double)svc->push_failures);
     expo_family(out, "thaw_scaler_active_streams", "gauge", "Open StreamIsActive streams.");
     expo_sample(out, "thaw_scaler_active_streams", NULL, (double)svc->nstreams);
+    expo_family(out, "thaw_scaler_calls_awaiting_data_total", "counter",
+                "IsActive/GetMetrics calls that waited for a new target's first reading, by "
+                "outcome (answered, or UNAVAILABLE at the deadline).");
+    expo_labels(labels, sizeof(labels), "outcome", "answered", (char *)NULL);
+    expo_sample(out, "thaw_scaler_calls_awaiting_data_total", labels,
+                (double)svc->calls_wait_answered);
+    expo_labels(labels, sizeof(labels), "outcome", "deadline", (char *)NULL);
+    expo_sample(out, "thaw_scaler_calls_awaiting_data_total", labels,
+                (double)svc->calls_wait_expired);
 }

@@ -33,6 +33,14 @@ const struct grpc_method *scaler_service_methods(struct scaler_service *svc, siz
 void scaler_service_on_change(void *ud, struct target *t, const struct policy_decision *old,
                               const struct policy_decision *now);
 
+/* state_target_fn for scaler_state_set_target_hooks' on_fresh (ud = the
+ * service): answers the IsActive and GetMetrics calls that waited for the
+ * target's first reading. */
+void scaler_service_on_fresh(void *ud, struct target *t);
+/* Answers UNAVAILABLE to calls that waited too long for a first reading
+ * (call about once a second). */
+void scaler_service_tick(struct scaler_service *svc, int64_t now_ms);
+
 /* A wake for model (a Redis message: instance NULL, held 1; or POST /wake,
  * which may say the activator and its held count; scaler_state_wake):
  * pushes true on its open streams. Returns how many ScaledObjects name the

@@ -25,6 +25,13 @@ struct model_sig {
      * last rate is kept, marked stale, for up to the staleness limit. */
     int64_t absent_since_ms;
     bool seen_in_answer;
+    /* A Prometheus answer has come since the model appeared: until then its
+     * rate of 0 is not a reading. */
+    bool rate_measured;
+    /* Its series said NaN, ±Inf or a negative rate since then (0 = valid):
+     * no reading, the last good rate is kept, marked stale. */
+    int64_t invalid_since_ms;
+    bool invalid_in_answer;
     double held;
     double queued; /* waiting at activators' concurrency caps (replicas ready) */
     double inflight; /* in a backend through the activators */
@@ -71,6 +78,9 @@ struct target {
     struct policy_state pstate;
     struct policy_decision decision;
     bool decided;
+    /* Decided once on inputs all read since it appeared (see
+     * target_awaiting_data). */
+    bool fresh;
     enum policy_direction change_direction; /* of the last change, for "why" views */
     int64_t last_seen_ms;
     int64_t last_change_ms;
@@ -92,6 +102,8 @@ struct scaler_state {
     int64_t start_ms;
     state_change_fn on_change;
     void *ud;
+    state_target_fn on_new_target, on_fresh;
+    void *new_target_ud, *fresh_ud;
     struct strmap *targets; /* id -> target */
     struct strmap *models;  /* name -> model_sig */
     struct strmap *queues;  /* key "\x1f" group -> queue_sig */
@@ -244,6 +256,24 @@ static void target_policy_params(const struct scaler_state *st, const struct tar
         p->late_after_ms = t->model->late_after_ms;
 }
 
+/* Which inputs are not a current reading: their source is failing, or has
+ * not been read since the target (or its queue key) appeared. */
+static bool rate_stale(const struct scaler_state *st, const struct target *t)
+{
+    return st->src[SOURCE_PROMETHEUS].failing || t->model->absent_since_ms != 0 ||
+           !t->model->rate_measured || t->model->invalid_since_ms != 0;
+}
+
+static bool queue_stale(const struct scaler_state *st, const struct target *t)
+{
+    return st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured;
+}
+
+static bool held_stale(const struct scaler_state *st)
+{
+    return st->src[SOURCE_REDIS_HELD].failing || !st->src[SOURCE_REDIS_HELD].ever_ok;
+}
+
 static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
 {
     struct policy_params p;
@@ -254,11 +284,11 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
          * waiting at their concurrency caps (interactive traffic's queue). */
         .queue = t->queue->length + t->model->queued,
         .held = effective_held(t->model, now_ms),
-        .token_rate_stale = st->src[SOURCE_PROMETHEUS].failing || t->model->absent_since_ms != 0,
+        .token_rate_stale = rate_stale(st, t),
         /* A key not read yet (new target, or redisKey just changed) is not
          * evidence of an empty queue. */
-        .queue_stale = st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured,
-        .held_stale = st->src[SOURCE_REDIS_HELD].failing,
+        .queue_stale = queue_stale(st, t),
+        .held_stale = held_stale(st),
         /* Everything the activators carry: held, queued and in a backend;
          * unknown while one stopped reporting with requests (its field
          * went stale): then the token rate decides. */
@@ -269,8 +299,14 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
     bool had = t->decided;
     policy_decide(&p, &t->pstate, &in, now_ms, &t->decision);
     t->decided = true;
-    if (had && !decision_differs(&prev, &t->decision))
+    bool became_fresh = !t->fresh && !in.token_rate_stale && !in.queue_stale && !in.held_stale;
+    if (became_fresh)
+        t->fresh = true;
+    if (had && !decision_differs(&prev, &t->decision)) {
+        if (became_fresh && st->on_fresh)
+            st->on_fresh(st->fresh_ud, t);
         return;
+    }
     t->last_change_ms = now_ms;
     t->change_direction = t->decision.direction;
     st->decision_changes++;
@@ -292,6 +328,8 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
              (in.token_rate_stale || in.queue_stale || in.held_stale) ? "true" : "false");
     if (st->on_change)
         st->on_change(st->ud, t, had ? &prev : NULL, &t->decision);
+    if (became_fresh && st->on_fresh)
+        st->on_fresh(st->fresh_ud, t);
 }
 
 static void decide_model(struct scaler_state *st, struct model_sig *m, int64_t now_ms)
@@ -464,7 +502,28 @@ struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, cons
              log_quote(qmodel, sizeof(qmodel), spec->model),
              log_quote(qkey, sizeof(qkey), spec->redis_key), strmap_count(st->targets));
     decide(st, t, now_ms);
+    if (!t->fresh && st->on_new_target)
+        st->on_new_target(st->new_target_ud, t);
     return t;
+}
+
+void scaler_state_set_target_hooks(struct scaler_state *st, state_target_fn on_new_target,
+                                   void *new_target_ud, state_target_fn on_fresh, void *fresh_ud)
+{
+    st->on_new_target = on_new_target;
+    st->new_target_ud = new_target_ud;
+    st->on_fresh = on_fresh;
+    st->fresh_ud = fresh_ud;
+}
+
+bool target_awaiting_data(const struct target *t) { return !t->fresh; }
+
+bool scaler_state_source_failing(const struct scaler_state *st)
+{
+    for (int s = 0; s < SOURCE_COUNT; s++)
+        if (st->src[s].failing)
+            return true;
+    return false;
 }
 
 size_t scaler_state_target_count(const struct scaler_state *st) { return strmap_count(st->targets); }
@@ -493,7 +552,10 @@ static bool source_beyond(const struct scaler_state *st, enum source_id s, int64
 bool target_beyond_staleness(const struct scaler_state *st, const struct target *t,
                              int64_t now_ms)
 {
-    (void)t; /* every target reads all three sources */
+    if (t->model->invalid_since_ms != 0 &&
+        now_ms - t->model->invalid_since_ms > st->cfg.staleness_limit_ms)
+        return true;
+    /* Every target reads all three sources. */
     for (int s = 0; s < SOURCE_COUNT; s++)
         if (source_beyond(st, (enum source_id)s, now_ms))
             return true;
@@ -553,6 +615,11 @@ void scaler_state_prom_ok(struct scaler_state *st, const struct prom_sample *sam
         if (m->absent_since_ms == 0)
             m->absent_since_ms = now_ms;
         m->seen_in_answer = false;
+        m->invalid_in_answer = false;
+        if (!m->rate_measured) {
+            m->rate_measured = true;
+            m->changed_in = update;
+        }
     }
     for (size_t i = 0; i < n; i++) {
         struct model_sig *m = strmap_get(st->models, samples[i].label_value);
@@ -563,12 +630,29 @@ void scaler_state_prom_ok(struct scaler_state *st, const struct prom_sample *sam
             m->absent_since_ms = 0;
             m->token_rate = 0;
         }
-        if (samples[i].value > 0 && isfinite(samples[i].value))
+        if (samples[i].invalid)
+            m->invalid_in_answer = true;
+        else
             m->token_rate += samples[i].value; /* duplicate label values: sum */
     }
     cur = 0;
     while (strmap_next(st->models, &cur, &key, &value)) {
         struct model_sig *m = value;
+        /* Finite series can still sum past what a double holds. */
+        if (m->seen_in_answer && (m->invalid_in_answer || !isfinite(m->token_rate))) {
+            m->token_rate = m->prev_rate;
+            if (m->invalid_since_ms == 0) {
+                char q[300];
+                m->invalid_since_ms = now_ms;
+                LOG_WARN("token_rate_invalid", "model=%s reason=\"a series is NaN, infinite or "
+                         "negative\" kept_last_good=true token_rate=%.3f",
+                         log_quote(q, sizeof(q), m->name), m->token_rate);
+                m->changed_in = update;
+            }
+        } else if (m->invalid_since_ms != 0) {
+            m->invalid_since_ms = 0;
+            m->changed_in = update;
+        }
         /* Absent with nothing to keep, or absent for too long: no series
          * means no pods, so no tokens. */
         if (m->absent_since_ms != 0 &&
@@ -1214,10 +1298,8 @@ static json_t *target_json(const struct scaler_state *st, const struct target *t
         "namespace", t->ns, "scaledObject", t->name, "model", t->spec.model, "inputs",
         "tokenRate", t->model->token_rate, "queueLength", t->queue->length, "heldRequests",
         effective_held(t->model, now_ms), "queuedRequests", t->model->queued, "redisKey",
-        t->spec.redis_key, "tokenRateStale",
-        (int)(st->src[SOURCE_PROMETHEUS].failing || t->model->absent_since_ms != 0),
-        "queueStale", (int)(st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured), "heldStale",
-        (int)st->src[SOURCE_REDIS_HELD].failing, "desired", (json_int_t)d->desired, "raw",
+        t->spec.redis_key, "tokenRateStale", (int)rate_stale(st, t), "queueStale",
+        (int)queue_stale(st, t), "heldStale", (int)held_stale(st), "desired", (json_int_t)d->desired, "raw",
         (json_int_t)d->raw, "active", (int)d->active, "reason",
         policy_reason_to_str(d->reason), "direction", policy_direction_to_str(t->change_direction),
         "secondsSinceChange", (double)(now_ms - t->last_change_ms) / 1000.0,
@@ -1227,6 +1309,8 @@ static json_t *target_json(const struct scaler_state *st, const struct target *t
         "activationQueueLength", t->spec.activation_queue_length);
     if (!o)
         return NULL;
+    /* True while GetMetrics and an idle IsActive wait for a first reading. */
+    json_object_set_new(o, "awaitingData", json_boolean(!t->fresh));
     json_t *ins = json_object_get(o, "inputs");
     if (ins) {
         json_object_set_new(ins, "inflightRequests", json_real(t->model->inflight));

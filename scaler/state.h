@@ -38,6 +38,9 @@ struct scaler_state_config {
 typedef void (*state_change_fn)(void *ud, struct target *t, const struct policy_decision *old,
                                 const struct policy_decision *now);
 
+/* A target-level event (see scaler_state_set_target_hooks). */
+typedef void (*state_target_fn)(void *ud, struct target *t);
+
 struct scaler_state *scaler_state_new(const struct scaler_state_config *cfg, int64_t now_ms,
                                       state_change_fn on_change, void *ud);
 void scaler_state_free(struct scaler_state *st);
@@ -48,6 +51,19 @@ void scaler_state_free(struct scaler_state *st);
  * (scaler_state_full tells which; the refusal is counted). */
 struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, const char *name,
                                    const struct scaler_spec *spec, int64_t now_ms);
+/* on_new_target: a target appeared whose inputs have not all been read since
+ * (the caller reads the sources at once rather than at the next interval).
+ * on_fresh: a target has just been decided for the first time on inputs all
+ * read since it appeared. Either may be NULL. */
+void scaler_state_set_target_hooks(struct scaler_state *st, state_target_fn on_new_target,
+                                   void *new_target_ud, state_target_fn on_fresh, void *fresh_ud);
+/* True until the target has been decided on a Prometheus answer, a read of
+ * its queue and a read of the held counts that all came after it appeared
+ * (a restart, a new ScaledObject). Until then its idle answer would be a
+ * guess from zeros: a busy model would read as idle. */
+bool target_awaiting_data(const struct target *t);
+/* True while any source's last read failed. */
+bool scaler_state_source_failing(const struct scaler_state *st);
 size_t scaler_state_target_count(const struct scaler_state *st);
 /* True when max_targets are known: a new target would be refused. */
 bool scaler_state_full(const struct scaler_state *st);

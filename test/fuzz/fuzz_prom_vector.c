@@ -4,8 +4,8 @@
  * decisions and the /metrics and /models renderings.
  *
  * Input: the response body. Label "model_name" (thaw-scaler's default).
- * Checks: success gives label values and finite values (the header promises
- * 0 for NaN/Inf), failure a one-line reason and nothing to free; decisions
+ * Checks: success gives label values and finite, non-negative values (0 for
+ * NaN/Inf/negative, which are flagged invalid), failure a one-line reason and nothing to free; decisions
  * stay within [0, POLICY_MAX_REPLICAS]. Then again with an allocation failing. */
 #include <math.h>
 #include <stdbool.h>
@@ -98,7 +98,9 @@ static void run(const uint8_t *data, size_t size, bool checks)
     FUZZ_CHECK(n == 0 || s != NULL, "%zu samples, no array", n);
     for (size_t i = 0; i < n; i++) {
         FUZZ_CHECK(s[i].label_value != NULL, "sample %zu without label", i);
-        FUZZ_CHECK(isfinite(s[i].value), "sample %zu value not finite", i);
+        FUZZ_CHECK(isfinite(s[i].value) && s[i].value >= 0, "sample %zu value %g", i,
+                   s[i].value);
+        FUZZ_CHECK(!s[i].invalid || s[i].value == 0, "invalid sample %zu not 0", i);
     }
     int64_t now = 1000000;
     struct scaler_state *st = make_state(now);

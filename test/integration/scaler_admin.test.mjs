@@ -142,11 +142,12 @@ test('/models: per target its inputs, staleness, decision and targets', async ()
   assert.ok(Array.isArray(all));
   const e = all.find((x) => x.scaledObject === 'adm-so');
   assert.ok(e, JSON.stringify(all));
-  assert.deepEqual(Object.keys(e).sort(), ['active', 'beyondStalenessLimit', 'desired', 'direction',
+  assert.deepEqual(Object.keys(e).sort(), ['active', 'awaitingData', 'beyondStalenessLimit', 'desired', 'direction',
     'inputs', 'model', 'namespace', 'policy', 'raw', 'reason', 'scaledObject', 'secondsSinceChange',
     'targets'].sort());
   assert.equal(e.namespace, 'default');
   assert.equal(e.model, 'adm-m');
+  assert.equal(e.awaitingData, false);
   assert.deepEqual(e.inputs, {
     tokenRate: 0, queueLength: 25, heldRequests: 0, queuedRequests: 0, inflightRequests: 0, silentActivators: 0, redisKey: 'thaw:queue:adm-m',
     tokenRateStale: false, queueStale: false, heldStale: false,
@@ -280,25 +281,29 @@ test('POST /wake?model=: the wake without Redis; pushed on the model\'s streams,
     const mark = scaler.proc.mark();
     const res = await scaler.get('/wake?model=wake-http-m', { method: 'POST' });
     assert.equal(res.status, 200);
-    assert.deepEqual(JSON.parse(res.text), { model: 'wake-http-m', targets: 1 });
+    assert.deepEqual(JSON.parse(res.text), { model: 'wake-http-m', targets: 1, held: 1 });
     await stream.waitFor((m) => m.result === true, 1000);
     await scaler.proc.waitForLog(/event=wake model="?wake-http-m"? targets=1/, 1000, { since: mark });
     assert.deepEqual(await client.isActive(ref), { result: true });
     // Percent-encoded names are decoded; a model nobody scales is harmless.
     const other = await scaler.get('/wake?model=a%2Fb%3Ac', { method: 'POST' });
-    assert.deepEqual(JSON.parse(other.text), { model: 'a/b:c', targets: 0 });
+    assert.deepEqual(JSON.parse(other.text), { model: 'a/b:c', targets: 0, held: 1 });
     const get = await scaler.get('/wake?model=wake-http-m');
     assert.equal(get.status, 405);
     assert.equal(get.headers.get('allow'), 'POST');
     // Spaces ('+' or %20) and any UTF-8 are names too, as in ScaledObject metadata.
     const spaced = await scaler.get('/wake?x=1&model=org%2Fm+1%20%C3%A9', { method: 'POST' });
-    assert.deepEqual(JSON.parse(spaced.text), { model: 'org/m 1 é', targets: 0 });
+    assert.deepEqual(JSON.parse(spaced.text), { model: 'org/m 1 é', targets: 0, held: 1 });
     const long = await scaler.get(`/wake?model=${'x'.repeat(512)}`, { method: 'POST' });
     assert.equal(long.status, 200);
     // An activator that says who it is and how many it holds: counted as held.
     const counted = await scaler.get('/wake?model=wake-http-m&instance=act-1&held=7', { method: 'POST' });
     assert.equal(counted.status, 200);
     assert.equal((await scaler.model('wake-http'))?.inputs.heldRequests, 7);
+    // One post cannot ask for thousands of replicas: held is cut to --max-wake-held.
+    const huge = await scaler.get('/wake?model=wake-http-m&instance=act-2&held=9999999', { method: 'POST' });
+    assert.equal(JSON.parse(huge.text).held, 10000);
+    assert.equal((await scaler.model('wake-http'))?.inputs.heldRequests, 10007);
     const refused = ['', '?model=', '?other=1', `?model=${'x'.repeat(513)}`, '?model=a%0Ab',
       '?model=ab%00cd', '?model=%FF', '?model=%C0%AF', '?model=a%zz', '?model=a%4', '?model=%C2%85',
       '?model=m&held=abc', '?model=m&held=12345678', '?model=m&held=', '?model=m&instance=a%00b',
@@ -309,9 +314,10 @@ test('POST /wake?model=: the wake without Redis; pushed on the model\'s streams,
       assert.match(res.text, /want POST \/wake\?model=NAME|held: a whole number|instance: 1-512 bytes/, q);
     }
     const m = await scaler.metrics();
-    assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'ok' }), 5);
+    assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'ok' }), 6);
+    assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_held_capped_total'), 1);
     assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'refused' }), 1 + refused.length);
-    assert.equal(sampleValue(m, 'thaw_scaler_wake_messages_total', { model: 'wake-http-m' }), 2);
+    assert.equal(sampleValue(m, 'thaw_scaler_wake_messages_total', { model: 'wake-http-m' }), 3);
   } finally {
     stream.cancel();
   }

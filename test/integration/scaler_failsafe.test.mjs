@@ -238,6 +238,33 @@ test('Redis killed: queue and held models stay up, then UNAVAILABLE, then reconn
   }
 });
 
+test('a restarted scaler answers a busy model from its first reading, never as idle', async (t) => {
+  // The running scaler sees the exporter's model busy: 3 replicas.
+  const busy = scaledObjectRef('rs-busy', { model: 'busy', targetTokensPerSecond: '1000' });
+  await waitDesired(client, busy, 3, 30000);
+  // Intervals far longer than the test: only the read a new target triggers
+  // can give the restarted scaler its reading in time.
+  const fresh = await startScaler({
+    prometheusUrl: prom.url,
+    redisUrl: redis.url,
+    name: 'thaw-scaler-restarted',
+    flags: { 'prometheus-interval-ms': 60000, 'redis-interval-ms': 60000 },
+  });
+  try {
+    await fresh.client.waitForReady(5000);
+    const t0 = Date.now();
+    // KEDA's first calls after the restart: GetMetrics, then IsActive.
+    assert.equal((await getDesired(fresh.client, busy)).value, 3);
+    assert.deepEqual(await fresh.client.isActive(busy), { result: true });
+    t.diagnostic(`first GetMetrics + IsActive answered in ${Date.now() - t0} ms`);
+    assert.equal(sampleValue(await fresh.metrics(), 'thaw_scaler_calls_awaiting_data_total',
+      { outcome: 'answered' }), 1);
+    assert.equal((await fresh.model('rs-busy')).awaitingData, false);
+  } finally {
+    assert.equal(await fresh.stop(), 0);
+  }
+});
+
 test('a query Prometheus rejects counts as a failing source', async () => {
   const bad = await startScaler({
     prometheusUrl: prom.url,
@@ -313,7 +340,8 @@ test('started before its peers: the scaler connects once they come up (Redis db 
     prometheusUrl: `http://127.0.0.1:${promPort}`,
     redisUrl: `redis://127.0.0.1:${redisPort}/3`,
     name: 'thaw-scaler-early',
-    flags: { 'staleness-limit-seconds': STALENESS_MS / 1000 },
+    // Long, so the answers below are about having no reading, not staleness.
+    flags: { 'staleness-limit-seconds': 30 },
   });
   let lateRedis = null;
   let lateProm = null;
@@ -324,15 +352,12 @@ test('started before its peers: the scaler connects once they come up (Redis db 
     await early.client.getMetricSpec(busy);
     await early.proc.waitForLog(/event=source_failed source=redis_queue /, 3000);
     await early.proc.waitForLog(/event=source_failed source=prometheus /, 3000);
-    // Never a good reading: KEDA's fallback applies once the limit has passed.
-    await waitUntil(async () => {
-      try {
-        await early.client.getMetrics({ scaledObjectRef: queued, metricName: '' });
-        return false;
-      } catch (e) {
-        return e.code === UNAVAILABLE;
-      }
-    }, STALENESS_MS + 3000, { what: 'UNAVAILABLE before any peer is up' });
+    // Never a good reading: no guessed 0 or inactive, from the first call on
+    // (not only once the staleness limit has passed).
+    await assert.rejects(early.client.getMetrics({ scaledObjectRef: queued, metricName: '' }),
+      (e) => e.code === UNAVAILABLE && /no reading/.test(e.details));
+    await assert.rejects(early.client.isActive(busy),
+      (e) => e.code === UNAVAILABLE && /no reading/.test(e.details));
 
     [lateRedis, lateProm] = await Promise.all([
       startRedis({ port: redisPort }),

@@ -317,6 +317,18 @@ static void test_log(void **unused)
     assert_string_equal(log_quote(q, sizeof(q), "two words"), "\"two words\"");
     assert_string_equal(log_quote(q, sizeof(q), "a\"b\nc"), "\"a\\\"b\\nc\"");
     assert_string_equal(log_quote(q, sizeof(q), ""), "\"\"");
+    /* Credentials in URLs never reach the log; the rest stays readable. */
+    char u[128];
+    assert_string_equal(log_quote_url(u, sizeof(u), "redis://:s3cret@redis:6379/2"),
+                        "redis://:REDACTED@redis:6379/2");
+    assert_string_equal(log_quote_url(u, sizeof(u), "http://thaw:pa:ss@prom:9090/x?a=b@c"),
+                        "\"http://thaw:REDACTED@prom:9090/x?a=b@c\""); /* '=' is quoted */
+    assert_string_equal(log_quote_url(u, sizeof(u), "http://user@prom:9090"),
+                        "http://user@prom:9090");
+    assert_string_equal(log_quote_url(u, sizeof(u), "http://prom:9090/a:b@c"),
+                        "http://prom:9090/a:b@c");
+    assert_string_equal(log_quote_url(u, sizeof(u), "redis://u:p w@h"), "redis://u:REDACTED@h");
+    assert_string_equal(log_quote_url(u, sizeof(u), NULL), "\"\"");
     log_set_sink(capture, NULL);
     log_set_level(LOG_LEVEL_WARN);
     captured[0] = '\0';

@@ -58,7 +58,8 @@ static void test_vector_several_series(void **state)
     assert_string_equal(p.s[1].label_value, "mistral");
     assert_true(value_of(&p, 1) == 0.5);
     assert_string_equal(p.s[2].label_value, "qwen");
-    assert_true(value_of(&p, 2) == -2000.0);
+    assert_true(value_of(&p, 2) == 0.0); /* parsed, but a negative rate is no reading */
+    assert_true(p.s[2].invalid);
     prom_samples_free(p.s, p.n);
 }
 
@@ -228,12 +229,22 @@ static void test_nan_inf(void **state)
     assert_true(value_of(&p, 1) == 0.0);
     assert_true(value_of(&p, 2) == 0.0);
     assert_true(value_of(&p, 3) == 5.0);
+    /* Flagged: 0 here is not a reading (the state keeps the last good rate). */
+    assert_true(p.s[0].invalid && p.s[1].invalid && p.s[2].invalid);
+    assert_false(p.s[3].invalid);
+    prom_samples_free(p.s, p.n);
+
+    p = parse(VEC_PREFIX "{\"metric\":{\"model_name\":\"a\"},\"value\":[1,\"-3\"]}" VEC_SUFFIX);
+    assert_int_equal(p.rc, 0);
+    assert_true(p.s[0].invalid); /* a rate is never negative */
+    assert_true(value_of(&p, 0) == 0.0);
     prom_samples_free(p.s, p.n);
 
     p = parse("{\"status\":\"success\",\"data\":{\"resultType\":\"scalar\",\"result\":[1,\"NaN\"]}}");
     assert_int_equal(p.rc, 0);
     assert_int_equal(p.n, 1);
     assert_true(value_of(&p, 0) == 0.0);
+    assert_true(p.s[0].invalid);
     prom_samples_free(p.s, p.n);
 }
 
@@ -252,6 +263,8 @@ static void test_huge_numbers(void **state)
     assert_true(value_of(&p, 0) == 1.7976931348623157e+308);
     assert_true(value_of(&p, 1) == 0.0); /* overflow is +Inf, reported as 0 */
     assert_true(value_of(&p, 2) == 0.0);
+    assert_true(p.s[1].invalid && p.s[2].invalid);
+    assert_false(p.s[0].invalid || p.s[3].invalid || p.s[4].invalid);
     assert_true(value_of(&p, 3) > 0.0 && value_of(&p, 3) < 1e-300);
     assert_true(value_of(&p, 4) > 1.2e29 && value_of(&p, 4) < 1.3e29);
     prom_samples_free(p.s, p.n);

@@ -55,6 +55,19 @@ static void queues_empty(struct scaler_state *st, int64_t now)
     scaler_state_queue_ok(st, zeros, n, now);
 }
 
+/* Every source read once with nothing in it: the scaler's first reads
+ * after targets appear. Until then a target awaits its first reading. */
+static void sources_read_empty(struct scaler_state *st, int64_t now)
+{
+    scaler_state_prom_ok(st, NULL, 0, now);
+    queues_empty(st, now);
+    const char *const *models;
+    size_t n = scaler_state_held_batch(st, &models);
+    long long zeros[8] = {0};
+    assert_true(n <= 8);
+    scaler_state_held_ok(st, zeros, NULL, NULL, NULL, NULL, n, now);
+}
+
 /* /metrics then /models as one NUL-terminated text, kept in *b (caller frees). */
 static const char *render(const struct scaler_state *st, int64_t now_ms, struct evbuffer **b)
 {
@@ -76,8 +89,9 @@ static void test_targets_share_signals(void **unused)
     assert_non_null(t1);
     assert_ptr_equal(scaler_state_upsert(st, "ns", "so1", &a, 10), t1);
     assert_int_equal(scaler_state_target_count(st), 2);
+    sources_read_empty(st, 50);
 
-    struct prom_sample s[] = {{"m1", 1500}, {"other", 9999}};
+    struct prom_sample s[] = {{"m1", 1500, false}, {"other", 9999, false}};
     scaler_state_prom_ok(st, s, 2, 100);
     assert_int_equal(target_decision(t1)->desired, 2);
     assert_int_equal(target_decision(t2)->desired, 2);
@@ -105,7 +119,7 @@ static void test_targets_share_signals(void **unused)
     assert_int_equal(target_decision(t1)->desired, 0);
     assert_false(target_decision(t1)->active);
     /* Present again with 0: idle at once. */
-    struct prom_sample zero[] = {{"m1", 0}};
+    struct prom_sample zero[] = {{"m1", 0, false}};
     scaler_state_prom_ok(st, zero, 1, 10400);
     assert_int_equal(target_decision(t1)->desired, 0);
     metadata_spec_finish(&a);
@@ -118,6 +132,7 @@ static void test_held_and_wake(void **unused)
     struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
     struct scaler_spec a = spec_for("m1", NULL);
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    scaler_state_prom_ok(st, NULL, 0, 1);
     queues_empty(st, 1);
     const char *const *models;
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
@@ -141,6 +156,130 @@ static void test_held_and_wake(void **unused)
     scaler_state_tick(st, 6001);
     assert_false(target_decision(t)->active);
     assert_int_equal(scaler_state_wake(st, "unknown", NULL, 1, 7000), 0);
+    metadata_spec_finish(&a);
+    scaler_state_free(st);
+}
+
+static int new_targets, fresh_targets;
+static void count_new(void *ud, struct target *t) { new_targets++; }
+static void count_fresh(void *ud, struct target *t) { fresh_targets++; }
+
+/* After a restart (or for a new ScaledObject) a target's first decision is
+ * made on zeros nobody read: it must not pass for a reading. The target
+ * awaits its first reading until Prometheus, its queue and the held counts
+ * have all answered since it appeared, and its idle guess never lowers what
+ * the first real reading says. */
+static void test_new_target_awaits_its_first_reading(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    new_targets = fresh_targets = 0;
+    scaler_state_set_target_hooks(st, count_new, NULL, count_fresh, NULL);
+    struct scaler_spec a = spec_for("m1", NULL);
+    struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    assert_int_equal(new_targets, 1);
+    assert_true(target_awaiting_data(t));
+    assert_false(target_decision(t)->active); /* the guess the service holds back */
+
+    /* Each source alone is not enough. */
+    struct prom_sample busy[] = {{"m1", 3000, false}};
+    scaler_state_prom_ok(st, busy, 1, 10);
+    assert_true(target_awaiting_data(t));
+    queues_empty(st, 20);
+    assert_true(target_awaiting_data(t));
+    assert_int_equal(fresh_targets, 0);
+    const char *const *models;
+    assert_int_equal(scaler_state_held_batch(st, &models), 1);
+    long long zero = 0;
+    scaler_state_held_ok(st, &zero, NULL, NULL, NULL, NULL, 1, 30);
+    assert_false(target_awaiting_data(t));
+    assert_int_equal(fresh_targets, 1);
+    assert_int_equal(target_decision(t)->desired, 3);
+    assert_true(target_decision(t)->active);
+    struct evbuffer *b;
+    assert_non_null(strstr(render(st, 40, &b), "\"awaitingData\":false"));
+    evbuffer_free(b);
+
+    /* A second ScaledObject for the model and queue already read is fresh
+     * at once; one for a new model and key waits for the next Prometheus
+     * answer, even with its queue and held count read, and is decided from
+     * that answer. */
+    scaler_state_prom_ok(st, busy, 1, 50);
+    struct target *t2 = scaler_state_upsert(st, "ns", "so2", &a, 60);
+    assert_false(target_awaiting_data(t2));
+    assert_int_equal(new_targets, 1);
+    assert_int_equal(fresh_targets, 2);
+    struct scaler_spec c = spec_for("m2", NULL);
+    struct target *t3 = scaler_state_upsert(st, "ns", "so3", &c, 70);
+    assert_int_equal(new_targets, 2);
+    assert_true(target_awaiting_data(t3));
+    assert_non_null(strstr(render(st, 75, &b), "\"awaitingData\":true"));
+    evbuffer_free(b);
+    long long held2[2] = {0, 0};
+    assert_int_equal(scaler_state_held_batch(st, &models), 2);
+    scaler_state_held_ok(st, held2, NULL, NULL, NULL, NULL, 2, 80);
+    queues_empty(st, 85); /* its queue key is new too */
+    assert_true(target_awaiting_data(t3));
+    struct prom_sample both[] = {{"m1", 3000, false}, {"m2", 5000, false}};
+    scaler_state_prom_ok(st, both, 2, 90);
+    assert_false(target_awaiting_data(t3));
+    assert_int_equal(fresh_targets, 3);
+    assert_int_equal(target_decision(t3)->desired, 5);
+
+    /* A source failing at the start keeps a new target waiting. */
+    scaler_state_source_failed(st, SOURCE_PROMETHEUS, "HTTP 503", 100);
+    assert_true(scaler_state_source_failing(st));
+    struct scaler_spec d = spec_for("m3", NULL);
+    struct target *t4 = scaler_state_upsert(st, "ns", "so4", &d, 110);
+    scaler_state_tick(st, 1110);
+    assert_true(target_awaiting_data(t4));
+    metadata_spec_finish(&a);
+    metadata_spec_finish(&c);
+    metadata_spec_finish(&d);
+    scaler_state_free(st);
+}
+
+/* A series that says NaN, ±Inf or a negative rate is no reading: the model's
+ * last good rate is kept (stale), as for a failing source, never read as 0
+ * (a busy model to zero) nor summed into an infinity (a /models it cannot
+ * render). Past the staleness limit the target is beyond it (UNAVAILABLE). */
+static void test_invalid_token_rate_keeps_last_good(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    struct scaler_spec a = spec_for("m1", NULL);
+    struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    sources_read_empty(st, 1);
+    struct prom_sample busy[] = {{"m1", 3000, false}};
+    scaler_state_prom_ok(st, busy, 1, 10);
+    assert_int_equal(target_decision(t)->desired, 3);
+
+    struct prom_sample nan[] = {{"m1", 0, true}, {"m1", 500, false}};
+    scaler_state_prom_ok(st, nan, 2, 20);
+    assert_int_equal(target_decision(t)->desired, 3);
+    assert_true(target_decision(t)->active);
+    struct evbuffer *b;
+    const char *text = render(st, 30, &b);
+    assert_non_null(strstr(text, "\"tokenRate\":3000"));
+    assert_non_null(strstr(text, "\"tokenRateStale\":true"));
+    evbuffer_free(b);
+    assert_false(target_beyond_staleness(st, t, 20 + cfg.staleness_limit_ms));
+    assert_true(target_beyond_staleness(st, t, 21 + cfg.staleness_limit_ms));
+
+    /* Two finite series whose sum overflows. */
+    struct prom_sample valid[] = {{"m1", 1000, false}};
+    scaler_state_prom_ok(st, valid, 1, 40);
+    assert_false(target_beyond_staleness(st, t, 41 + cfg.staleness_limit_ms));
+    struct prom_sample huge[] = {{"m1", 1e308, false}, {"m1", 1e308, false}};
+    scaler_state_prom_ok(st, huge, 2, 50);
+    text = render(st, 60, &b);
+    assert_non_null(strstr(text, "\"tokenRate\":1000"));
+    assert_non_null(strstr(text, "\"tokenRateStale\":true"));
+    evbuffer_free(b);
+    assert_int_equal(target_decision(t)->desired, 1); /* the fail-safe holds the last */
+
+    /* Valid again: a reading, stale no more. */
+    scaler_state_prom_ok(st, valid, 1, 70);
+    assert_int_equal(target_decision(t)->desired, 1);
+    assert_false(target_beyond_staleness(st, t, 71 + cfg.staleness_limit_ms));
     metadata_spec_finish(&a);
     scaler_state_free(st);
 }
@@ -205,7 +344,7 @@ static void test_fail_safe_and_staleness(void **unused)
     struct scaler_spec a = spec_for("m1", NULL);
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
     queues_empty(st, 1);
-    struct prom_sample s[] = {{"m1", 3000}};
+    struct prom_sample s[] = {{"m1", 3000, false}};
     scaler_state_prom_ok(st, s, 1, 100);
     assert_int_equal(target_decision(t)->desired, 3);
     scaler_state_source_failed(st, SOURCE_PROMETHEUS, "HTTP 503", 1000);
@@ -219,7 +358,7 @@ static void test_fail_safe_and_staleness(void **unused)
     assert_int_equal(target_decision(t)->desired, 3);
     assert_true(target_decision(t)->active);
     /* Recovery with fresh data scales down at once (window 0). */
-    struct prom_sample zero[] = {{"m1", 0}};
+    struct prom_sample zero[] = {{"m1", 0, false}};
     scaler_state_prom_ok(st, zero, 1, 21000);
     long long held = 0;
     scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 21000);
@@ -373,7 +512,7 @@ static void test_pages_in_steps_are_the_whole_page(void **unused)
 {
     struct scaler_spec specs[7];
     struct scaler_state *st = state_with_targets(specs, 7);
-    struct prom_sample rate = {"m1", 2500};
+    struct prom_sample rate = {"m1", 2500, false};
     scaler_state_prom_ok(st, &rate, 1, 2);
     struct evbuffer *whole = evbuffer_new();
     scaler_state_write_metrics(st, whole, 3);
@@ -431,7 +570,7 @@ static void test_pages_outlive_changes_between_steps(void **unused)
     struct scaler_spec late = spec_for("m9", NULL);
     struct target *t = scaler_state_upsert(st, "ns", "late", &late, 70000);
     assert_non_null(t);
-    struct prom_sample rate = {"m0", 9000};
+    struct prom_sample rate = {"m0", 9000, false};
     scaler_state_prom_ok(st, &rate, 1, 70001);
     scaler_state_gc(st, 70002);
     assert_int_equal(scaler_state_target_count(st), 1);
@@ -500,6 +639,7 @@ static void test_queued_at_cap_is_backlog(void **unused)
     struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
     struct scaler_spec a = spec_for("m1", "jobs");
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    scaler_state_prom_ok(st, NULL, 0, 1);
     const struct redis_queue_query *q;
     assert_int_equal(scaler_state_queue_batch(st, &q), 1);
     long long jobs = 5;
@@ -567,7 +707,7 @@ static void test_inflight_is_the_activators_idle_signal(void **unused)
     queues_empty(st, 1);
     const char *const *models;
     assert_int_equal(scaler_state_held_batch(st, &models), 1);
-    struct prom_sample s[] = {{"m1", 500}};
+    struct prom_sample s[] = {{"m1", 500, false}};
     int64_t now = feed_seconds(st, s, 7, 0, 1000, 10);
     assert_true(target_decision(ta)->active);
     struct evbuffer *b;
@@ -634,7 +774,7 @@ static void test_activators_late_setting_wins(void **unused)
         queues_empty(st, 1);
         const char *const *models;
         assert_int_equal(scaler_state_held_batch(st, &models), 1);
-        struct prom_sample s[] = {{"m1", 1000}};
+        struct prom_sample s[] = {{"m1", 1000, false}};
         long long held = 0, queued = 2000, late = runs[run].published;
         for (int64_t now = 100; now <= 120100; now += 1000) {
             scaler_state_prom_ok(st, s, 1, now);
@@ -668,11 +808,11 @@ static void test_policy_v2_reaches_the_decision(void **unused)
     queues_empty(st, 1);
     long long held = 0;
     scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 1);
-    struct prom_sample s[] = {{"m1", 3000}};
+    struct prom_sample s[] = {{"m1", 3000, false}};
     scaler_state_prom_ok(st, s, 1, 100);
     /* ceil(3000 / (1000 x 0.88)) = 4, where v1 says 3 */
     assert_int_equal(target_decision(t)->desired, 4);
-    struct prom_sample zero[] = {{"m1", 0}};
+    struct prom_sample zero[] = {{"m1", 0, false}};
     scaler_state_prom_ok(st, zero, 1, 1000);
     assert_true(target_decision(t)->active);
     scaler_state_tick(st, 1000 + 14000);
@@ -727,7 +867,7 @@ static void test_v2_exports_what_it_learned(void **unused)
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
     const char *labels = "{namespace=\"ns\",scaledobject=\"so\",model=\"m1\"}";
     char want[256];
-    struct prom_sample zero[] = {{"m1", 0}}, busy[] = {{"m1", 300}};
+    struct prom_sample zero[] = {{"m1", 0, false}}, busy[] = {{"m1", 300, false}};
     int64_t now = 1000;
     queues_empty(st, now);
     scaler_state_prom_ok(st, zero, 1, now);
@@ -774,6 +914,8 @@ int main(void)
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_targets_share_signals),
         cmocka_unit_test(test_held_and_wake),
+        cmocka_unit_test(test_new_target_awaits_its_first_reading),
+        cmocka_unit_test(test_invalid_token_rate_keeps_last_good),
         cmocka_unit_test(test_wake_claims),
         cmocka_unit_test(test_queued_at_cap_is_backlog),
         cmocka_unit_test(test_inflight_is_the_activators_idle_signal),
