@@ -236,6 +236,30 @@ static int parse_root(const json_t *root, const char *label, struct prom_sample 
     return -1;
 }
 
+/* JSON objects and arrays in body (brackets outside strings): jansson's
+ * tree costs about 1 KB and 6 us per series, and 60 MB of `[{},...]` would
+ * take 4.7 GB and 23 s of the event loop, so the count is checked before any
+ * of it is built. Stops counting past limit. */
+static size_t count_containers(const char *body, size_t len, size_t limit)
+{
+    size_t count = 0;
+    bool in_string = false;
+    for (size_t i = 0; i < len && count <= limit; i++) {
+        char c = body[i];
+        if (in_string) {
+            if (c == '\\')
+                i++; /* the escaped byte cannot end the string */
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '{' || c == '[') {
+            count++;
+        }
+    }
+    return count;
+}
+
 int prom_parse_vector(const char *body, size_t len, const char *label, struct prom_sample **out,
                       size_t *n, char *err, size_t errlen)
 {
@@ -245,6 +269,14 @@ int prom_parse_vector(const char *body, size_t len, const char *label, struct pr
     }
     *out = NULL;
     *n = 0;
+    /* A series is an object, its labels one more, its value an array; the
+     * envelope adds the root, data, result and a warnings list. */
+    size_t limit = 3 * (size_t)PROM_MAX_SERIES + 4;
+    if (body && count_containers(body, len, limit) > limit) {
+        set_err(err, errlen, "answer holds more than %d series (or JSON objects and arrays to "
+                "match); aggregate the query (sum by the model label)", PROM_MAX_SERIES);
+        return -1;
+    }
     json_error_t jerr;
     json_t *root = json_loadb(body ? body : "", len, 0, &jerr);
     if (!root) {
@@ -448,7 +480,9 @@ static size_t curl_write_cb(char *data, size_t size, size_t nmemb, void *userp)
  * (bad_data), 422 (execution) and 503 (timeout/unavailable). */
 static void describe_http_error(long http, const char *body, size_t len, char *err, size_t errlen)
 {
-    json_t *root = body ? json_loadb(body, len, 0, NULL) : NULL;
+    /* An error envelope is a few hundred bytes: a big body is not one, and
+     * is not worth building a tree for. */
+    json_t *root = body && len <= 65536 ? json_loadb(body, len, 0, NULL) : NULL;
     if (json_is_object(root) && json_is_string(json_object_get(root, "error"))) {
         char why[512];
         describe_error_envelope(root, why, sizeof(why));

@@ -25,6 +25,12 @@ struct prom_sample {
 
 void prom_samples_free(struct prom_sample *samples, size_t n);
 
+/* Answers holding more series than this (counted as JSON objects and arrays,
+ * before parsing) fail: the parse runs on the event loop, and its memory and
+ * time grow with the series. Thaw's query sums by model, so this is 50 000
+ * models. */
+#define PROM_MAX_SERIES 50000
+
 /* Parses a /api/v1/query response body (resultType "vector"; a "scalar" gives
  * one sample with label_value ""). Series without `label` are skipped. On
  * success returns 0 and sets *out (caller frees with prom_samples_free; may be

@@ -1,9 +1,11 @@
 /* Unit tests for prom_parse_vector: the pure parser of /api/v1/query answers. */
 #include <setjmp.h>
 #include <stdarg.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -216,6 +218,52 @@ static void test_wrong_types(void **state)
                 "data.result[0].metric.model_name is not a string");
 }
 
+/* A body of `series` series, each named m<i> (with brackets inside the
+ * label value when tricky, which must not count). Caller frees. */
+static char *many_series(size_t series, bool tricky)
+{
+    size_t cap = 64 + series * 80;
+    char *b = malloc(cap);
+    assert_non_null(b);
+    size_t o = (size_t)snprintf(b, cap, "%s", VEC_PREFIX);
+    for (size_t i = 0; i < series; i++)
+        o += (size_t)snprintf(b + o, cap - o, "%s{\"metric\":{\"model_name\":\"m%zu%s\"},"
+                              "\"value\":[1,\"1\"]}", i ? "," : "", i, tricky ? "[{\\\"[" : "");
+    snprintf(b + o, cap - o, "%s", VEC_SUFFIX);
+    return b;
+}
+
+/* The parse runs on the event loop: an answer with more series than
+ * PROM_MAX_SERIES (or as many bare objects) is refused before any tree is
+ * built, whatever its byte size. */
+static void test_series_limit(void **state)
+{
+    char *ok = many_series(PROM_MAX_SERIES, true);
+    struct parsed p = parse(ok);
+    assert_int_equal(p.rc, 0);
+    assert_int_equal(p.n, PROM_MAX_SERIES);
+    assert_string_equal(p.s[7].label_value, "m7[{\"[");
+    prom_samples_free(p.s, p.n);
+    free(ok);
+
+    /* +2: the count leaves room for a warnings list in the envelope. */
+    char *over = many_series(PROM_MAX_SERIES + 2, false);
+    expect_fail(over, "more than 50000 series");
+    free(over);
+
+    /* 4 MB of empty objects: 1.3 M of them. */
+    size_t n = 4u << 20;
+    char *empties = malloc(n + 1);
+    assert_non_null(empties);
+    empties[0] = '[';
+    for (size_t i = 1; i + 3 < n; i += 3)
+        memcpy(empties + i, "{},", 3);
+    memcpy(empties + n - 3, "{}]", 3);
+    empties[n] = '\0';
+    expect_fail(empties, "more than 50000 series");
+    free(empties);
+}
+
 static void test_nan_inf(void **state)
 {
     struct parsed p = parse(VEC_PREFIX
@@ -391,6 +439,7 @@ int main(void)
         cmocka_unit_test(test_small_err_buffer_and_bad_args),
         cmocka_unit_test(test_length_not_nul),
         cmocka_unit_test(test_alloc_failure),
+        cmocka_unit_test(test_series_limit),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
