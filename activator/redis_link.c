@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include <event2/event.h>
-#include <hiredis/adapters/libevent.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
 
@@ -253,7 +252,7 @@ static void do_connect(struct redis_link *l)
         return;
     }
     ac->data = l;
-    if (redisLibeventAttach(ac, l->base) != REDIS_OK) {
+    if (redis_guard_libevent_attach(ac, l->base) != 0) {
         redisAsyncFree(ac);
         schedule_retry(l);
         return;

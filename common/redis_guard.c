@@ -1,11 +1,14 @@
 #include "redis_guard.h"
 
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 #include <strings.h>
 
+#include <event2/event.h>
 #include <hiredis/hiredis.h>
 
+#include "alloc.h"
 #include "log.h"
 
 /* hiredis's default table is static inside the library; it is read once from
@@ -204,4 +207,103 @@ void redis_guard_conn_pubsub(struct redis_guard_conn *g)
 unsigned long redis_guard_refused_total(void)
 {
     return refused_total;
+}
+
+/* ---- the event-loop adapter ------------------------------------------- */
+
+struct guard_events {
+    redisAsyncContext *ac;
+    struct event *rev, *wev;
+};
+
+static void guard_read_event(evutil_socket_t fd, short what, void *arg)
+{
+    struct guard_events *e = arg;
+    redisContext *c = &e->ac->c;
+    size_t pending = c->reader && c->reader->len > c->reader->pos ? c->reader->len - c->reader->pos
+                                                                   : 0;
+    if (pending > REDIS_GUARD_MAX_PENDING_BYTES && !c->err) {
+        struct redis_guard_conn *g = c->reader->privdata;
+        refused_total++;
+        if (g)
+            g->refused++;
+        LOG_WARN("redis_reply_refused", "reason=reply_too_big pending_bytes=%zu limit=%u",
+                 pending, REDIS_GUARD_MAX_PENDING_BYTES);
+        /* hiredis reads nothing on a context in error: it disconnects, and
+         * the owner's disconnect callback sees this reason. */
+        c->err = REDIS_ERR_OOM;
+        snprintf(c->errstr, sizeof(c->errstr), "reply over %u bytes refused",
+                 REDIS_GUARD_MAX_PENDING_BYTES);
+    }
+    redisAsyncHandleRead(e->ac);
+}
+
+static void guard_write_event(evutil_socket_t fd, short what, void *arg)
+{
+    struct guard_events *e = arg;
+    redisAsyncHandleWrite(e->ac);
+}
+
+static void guard_add_read(void *p)
+{
+    struct guard_events *e = p;
+    if (event_add(e->rev, NULL) != 0)
+        LOG_ERROR("redis_event_failed", "op=add_read");
+}
+
+static void guard_del_read(void *p)
+{
+    struct guard_events *e = p;
+    event_del(e->rev);
+}
+
+static void guard_add_write(void *p)
+{
+    struct guard_events *e = p;
+    if (event_add(e->wev, NULL) != 0)
+        LOG_ERROR("redis_event_failed", "op=add_write");
+}
+
+static void guard_del_write(void *p)
+{
+    struct guard_events *e = p;
+    event_del(e->wev);
+}
+
+static void guard_cleanup(void *p)
+{
+    struct guard_events *e = p;
+    event_free(e->rev);
+    event_free(e->wev);
+    thaw_free(e);
+}
+
+int redis_guard_libevent_attach(redisAsyncContext *ac, struct event_base *base)
+{
+    if (!ac || !base || ac->ev.data)
+        return -1;
+    struct guard_events *e = thaw_calloc(1, sizeof(*e));
+    if (!e)
+        return -1;
+    e->ac = ac;
+    e->rev = event_new(base, ac->c.fd, EV_READ, guard_read_event, e);
+    e->wev = event_new(base, ac->c.fd, EV_WRITE, guard_write_event, e);
+    if (!e->rev || !e->wev) {
+        if (e->rev)
+            event_free(e->rev);
+        if (e->wev)
+            event_free(e->wev);
+        thaw_free(e);
+        return -1;
+    }
+    ac->ev.addRead = guard_add_read;
+    ac->ev.delRead = guard_del_read;
+    ac->ev.addWrite = guard_add_write;
+    ac->ev.delWrite = guard_del_write;
+    ac->ev.cleanup = guard_cleanup;
+    ac->ev.data = e;
+    /* As hiredis's adapter: the connect completes on the first write or read event. */
+    guard_add_read(e);
+    guard_add_write(e);
+    return 0;
 }

@@ -30,19 +30,39 @@
  *    needs a command again.
  * Refusals are logged (redis_reply_refused, with the reason) and counted.
  *
- * Not covered: bulk strings, which hiredis only builds once all their bytes
- * have arrived. */
+ * Bulk strings are built by hiredis only once all their bytes have arrived,
+ * so "$4000000000\r\n" and a stream of bytes grows the reader's buffer
+ * without any reply function being called. redis_guard_libevent_attach
+ * bounds that: a context attached with it fails (the owner's disconnect
+ * callback, errstr "reply over ... bytes refused") instead of reading on
+ * once REDIS_GUARD_MAX_PENDING_BYTES of replies not yet complete are
+ * buffered. */
 #ifndef THAW_REDIS_GUARD_H
 #define THAW_REDIS_GUARD_H
 
 #include <stdbool.h>
 
+#include <hiredis/async.h>
 #include <hiredis/read.h>
+
+struct event_base;
 
 /* Elements one reply may declare in all its arrays together. Thaw's biggest
  * reply is one EVALSHA chunk of the scaler (RS_CHUNK_KEYS, 1000 integers); a
  * reply at the bound holds 8 MiB of element pointers. */
 #define REDIS_GUARD_MAX_ELEMENTS (1 << 20)
+
+/* Bytes of replies not yet complete a guarded context buffers at most
+ * (checked before each read of at most 16 KiB). Thaw's biggest reply, an
+ * EVALSHA chunk of held counts, is under 100 KB; a pub/sub message names one
+ * model. */
+#define REDIS_GUARD_MAX_PENDING_BYTES (16u << 20)
+
+/* hiredis's libevent adapter, with the pending-bytes bound above checked
+ * before every read and allocation failures reported: attaches ac to base.
+ * Returns 0, or -1 (ac unchanged) if something is attached already or out
+ * of memory. */
+int redis_guard_libevent_attach(redisAsyncContext *ac, struct event_base *base);
 
 /* Installs the guard on reader, which must still use hiredis's default reply
  * functions (a reader from redisReaderCreate() or a context's c.reader) or

@@ -12,7 +12,6 @@
 #include <event2/event.h>
 #include <hiredis/async.h>
 #include <hiredis/hiredis.h>
-#include <hiredis/adapters/libevent.h>
 
 #include "alloc.h"
 #include "log.h"
@@ -1068,7 +1067,7 @@ static void rs_conn_start(struct rs_conn *c)
         set_err(why, sizeof why, "reply guard could not be installed");
         goto fail;
     }
-    if (redisLibeventAttach(ac, src->base) != REDIS_OK) {
+    if (redis_guard_libevent_attach(ac, src->base) != 0) {
         redisAsyncFree(ac);
         set_err(why, sizeof why, "libevent attach failed");
         goto fail;
