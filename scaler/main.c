@@ -498,6 +498,10 @@ static void http_metrics(struct evhttp_request *req, void *arg)
     struct redis_source_stats rs;
     prom_source_get_stats(app->prom, &ps);
     redis_source_get_stats(app->redis, &rs);
+    expo_family(out, "thaw_scaler_redis_wake_subscribed", "gauge",
+                "1 while the thaw:wake subscription is confirmed; 0: wakes through Redis are "
+                "not heard (POST /wake still is).");
+    expo_sample(out, "thaw_scaler_redis_wake_subscribed", NULL, rs.wake_subscribed ? 1 : 0);
     expo_family(out, "thaw_scaler_source_round_trips_total", "counter",
                 "Round trips to each backing service (constant per interval in the model count).");
     expo_sample(out, "thaw_scaler_source_round_trips_total", "service=\"prometheus\"",

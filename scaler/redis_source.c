@@ -1241,4 +1241,5 @@ void redis_source_get_stats(const struct redis_source *src, struct redis_source_
         return;
     }
     *out = src->stats;
+    out->wake_subscribed = src->sub.state == RS_READY;
 }

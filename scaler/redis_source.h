@@ -39,6 +39,9 @@ struct redis_source_stats {
     uint64_t failures;    /* batches that failed */
     uint64_t reconnects;  /* connection attempts after the first, both connections */
     uint64_t wake_messages;
+    /* The wake subscription is confirmed (SUBSCRIBE answered): false while
+     * its connection is down or refused, e.g. by an ACL without pub/sub. */
+    bool wake_subscribed;
 };
 
 /* url: redis://[:password@]host[:port][/db] (password and db optional; also

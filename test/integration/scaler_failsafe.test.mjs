@@ -265,6 +265,34 @@ test('a restarted scaler answers a busy model from its first reading, never as i
   }
 });
 
+test('a Redis user without pub/sub rights: commands work, the wake subscription shows as down', async () => {
+  // (The main scaler may still be reconnecting after the outages above.)
+  await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_redis_wake_subscribed') === 1,
+    10000, { what: 'the main scaler subscribed' });
+  // Redis 7 ACL: every key and command, no channel.
+  await redis.cli('ACL', 'SETUSER', 'nosub', 'on', '>nosub-pw', '~*', '+@all', 'resetchannels');
+  const u = new URL(redis.url);
+  const acl = await startScaler({
+    prometheusUrl: prom.url,
+    redisUrl: `redis://nosub:nosub-pw@${u.host}`,
+    name: 'thaw-scaler-nosub',
+  });
+  try {
+    await acl.proc.waitForLog(/event=redis_connect_failed conn=sub .*reason="NOPERM/, 5000);
+    await acl.proc.waitForLog(/event=redis_connected conn=cmd/, 5000);
+    await waitUntil(async () => sampleValue(await acl.metrics(), 'thaw_scaler_source_up', { source: 'redis_queue' }) === 1,
+      5000, { what: 'queue reads working' });
+    assert.equal(sampleValue(await acl.metrics(), 'thaw_scaler_redis_wake_subscribed'), 0);
+    // Granted: the retry (backoff up to 5 s) subscribes.
+    await redis.cli('ACL', 'SETUSER', 'nosub', 'allchannels');
+    await waitUntil(async () => sampleValue(await acl.metrics(), 'thaw_scaler_redis_wake_subscribed') === 1,
+      10000, { what: 'subscribed once the channel is granted' });
+  } finally {
+    assert.equal(await acl.stop(), 0);
+    await redis.cli('ACL', 'DELUSER', 'nosub');
+  }
+});
+
 test('a query Prometheus rejects counts as a failing source', async () => {
   const bad = await startScaler({
     prometheusUrl: prom.url,
