@@ -80,6 +80,7 @@ static const char rs_queue_script[] =
     "          break\n"
     "        end\n"
     "      end\n"
+    "      if n == -1 then n = -2 - redis.call('XLEN', key) end\n"
     "    end\n"
     "  end\n"
     "  out[i] = n\n"
@@ -616,7 +617,12 @@ static void rs_on_batch_reply(redisAsyncContext *ac, void *r, void *priv)
                reply->elements == nk) {
         for (size_t j = 0; j < nk; j++) {
             const redisReply *e = reply->element[j];
-            b->vals[lo + j] = e->type == REDIS_REPLY_INTEGER ? e->integer : -1;
+            if (e->type != REDIS_REPLY_INTEGER) {
+                /* Not a reading: the batch fails (stale), rather than 0. */
+                rs_batch_record_error(b, "unexpected reply to the script");
+                break;
+            }
+            b->vals[lo + j] = e->integer;
         }
     } else if (kind == RS_BATCH_HELD && reply->type == REDIS_REPLY_ARRAY &&
                reply->elements == 5 * nk) {

@@ -66,8 +66,9 @@ struct redis_queue_query {
 };
 
 /* lengths[i] is the length for query i: 0 for a missing key, -1 for a key of
- * an unsupported type or a per-key error (a stream whose consumer group does
- * not exist). A list gives LLEN, a sorted set ZCARD, a stream XLEN or, with a
+ * an unsupported type, -2 - XLEN for a stream whose consumer group does not
+ * exist (none of it has been read by the group: the whole stream waits, which
+ * errs on the side of keeping the model up). A list gives LLEN, a sorted set ZCARD, a stream XLEN or, with a
  * group, that group's pending + lag. Redis 7.0 reports lag as nil after
  * deletions and for a group created at $ until it first catches up; then the
  * entries after the group's last-delivered-id are counted (exact up to 1000

@@ -65,6 +65,7 @@ struct queue_sig {
     bool measured;
     uint64_t changed_in; /* the source update that last changed the length */
     bool wrong_type_logged;
+    bool group_missing_logged;
     size_t users; /* targets pointing here */
 };
 
@@ -697,7 +698,23 @@ void scaler_state_queue_ok(struct scaler_state *st, const long long *lengths, si
     uint64_t update = ++st->updates;
     for (size_t i = 0; i < n && i < st->nqbatch; i++) {
         struct queue_sig *q = st->qbatch_sigs[i];
-        if (lengths[i] < 0) {
+        if (lengths[i] <= -2) {
+            /* The stream exists but its group does not: nothing of it has
+             * been read by the group, so all of it is backlog. */
+            double whole = (double)(-2 - lengths[i]);
+            if (!q->group_missing_logged) {
+                char k[300], g[300];
+                LOG_WARN("queue_group_missing", "key=%s group=%s counted=%.0f reason=\"the "
+                         "stream has no such consumer group: its whole length counts\"",
+                         log_quote(k, sizeof(k), q->key), log_quote(g, sizeof(g), q->group),
+                         whole);
+                q->group_missing_logged = true;
+            }
+            if (q->length != whole || !q->measured)
+                q->changed_in = update;
+            q->length = whole;
+            q->wrong_type_logged = false;
+        } else if (lengths[i] < 0) {
             if (!q->wrong_type_logged) {
                 char k[300];
                 LOG_WARN("queue_key_unsupported", "key=%s reason=\"not a list, sorted set or "
@@ -712,6 +729,7 @@ void scaler_state_queue_ok(struct scaler_state *st, const long long *lengths, si
                 q->changed_in = update;
             q->length = (double)lengths[i];
             q->wrong_type_logged = false;
+            q->group_missing_logged = false;
         }
         q->measured = true;
     }

@@ -90,7 +90,8 @@ void scaler_state_source_failed(struct scaler_state *st, enum source_id src, con
 /* Builds the queue batch: one entry per distinct (key, group). The arrays
  * stay valid until the next call of this function or scaler_state_gc. */
 size_t scaler_state_queue_batch(struct scaler_state *st, const struct redis_queue_query **out);
-/* lengths in the order of the last batch; -1 entries (wrong type) count as 0 and are logged. */
+/* lengths in the order of the last batch; -1 entries (wrong type) count as 0,
+ * -2 - n (a stream without the consumer group) as n; both are logged once. */
 void scaler_state_queue_ok(struct scaler_state *st, const long long *lengths, size_t n,
                            int64_t now_ms);
 /* Model names for the held batch, same validity rules. */

@@ -106,6 +106,11 @@ static void test_targets_share_signals(void **unused)
     assert_int_equal(target_decision(t2)->desired, 6);
     assert_int_equal(target_decision(t2)->reason, POLICY_REASON_QUEUE);
     assert_int_equal(target_decision(t1)->desired, 2); /* -1 (wrong type) counts as 0 */
+    /* A stream without the consumer group: its whole length (-2 - n) waits. */
+    for (size_t i = 0; i < nq; i++)
+        lengths[i] = strcmp(q[i].key, "custom") == 0 ? -2 - 75 : -1;
+    scaler_state_queue_ok(st, lengths, nq, 250);
+    assert_int_equal(target_decision(t2)->desired, 8);
 
     /* A busy model missing from the next answer is a gap in the data, not
      * idleness: its rate is kept (stale) up to the staleness limit... */
