@@ -728,7 +728,11 @@ static int listen_http(struct app *app, int *port, char *err, size_t errlen)
         return -1;
     }
     evhttp_set_max_headers_size(app->http, 16384);
-    evhttp_set_max_body_size(app->http, 65536);
+    /* No endpoint reads a body (POST /wake takes its query string): 1 KiB
+     * keeps what a stalled client holds small (64 KiB let 500 stalled posts
+     * hold 32 MB until the timeout). evhttp in libevent 2.1 has no
+     * connection cap; the fd limit and the NetworkPolicy bound the rest. */
+    evhttp_set_max_body_size(app->http, 1024);
     evhttp_set_timeout(app->http, 30);
     evhttp_set_allowed_methods(app->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST);
     evhttp_set_cb(app->http, "/metrics", http_metrics, app);

@@ -313,6 +313,9 @@ test('POST /wake?model=: the wake without Redis; pushed on the model\'s streams,
       assert.equal(res.status, 400, q);
       assert.match(res.text, /want POST \/wake\?model=NAME|held: a whole number|instance: 1-512 bytes/, q);
     }
+    // No endpoint reads a body: a stalled client cannot park 64 KiB per connection.
+    const withBody = await scaler.get('/wake?model=m', { method: 'POST', body: 'x'.repeat(2048) });
+    assert.equal(withBody.status, 413);
     const m = await scaler.metrics();
     assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_total', { result: 'ok' }), 6);
     assert.equal(sampleValue(m, 'thaw_scaler_http_wakes_held_capped_total'), 1);
