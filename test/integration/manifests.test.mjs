@@ -293,6 +293,8 @@ test('refs: ScaledObjects: targets, scaler addresses, metadata keys, HPA behavio
     assert.equal(so.spec.minReplicaCount, 0, `${id}: scale to zero`);
     // Policy v2's keep-warm is the idle time: KEDA's cooldown is set, to 0.
     assert.ok(so.spec.cooldownPeriod === 0 && so.spec.fallback?.replicas >= 1, `${id}: cooldown and fallback`);
+    // An outage must not cut a busy model to the fallback's count.
+    assert.equal(so.spec.fallback.behavior, 'currentReplicasIfHigher', `${id}: fallback behavior`);
     assert.equal(so.spec.advanced.horizontalPodAutoscalerConfig.behavior.scaleDown.stabilizationWindowSeconds, 0,
       `${id}: Thaw stabilizes; the HPA must not`);
     for (const tr of so.spec.triggers) resolveAddress(tr.metadata.scalerAddress);
