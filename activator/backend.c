@@ -40,6 +40,7 @@ struct endpoint {
     struct probe *probe;
     struct event *probe_timer;
     long probe_interval_ms;
+    int probe_last_failure; /* result of the last failed probe, 0 after a success */
     uint64_t requests;
     bool keep; /* merge marker */
 };
@@ -174,6 +175,7 @@ static void probe_done(void *ud, int result)
     ep->probe = NULL;
     b->stats.probes++;
     if (result >= 200 && result < 300) {
+        ep->probe_last_failure = 0;
         LOG_DEBUG("probe_ok", "endpoint=%s status=%d", ep->label, result);
         if (!ep->bal.healthy) {
             ep->bal.healthy = true;
@@ -185,8 +187,17 @@ static void probe_done(void *ud, int result)
         return;
     }
     b->stats.probe_failures++;
-    LOG_DEBUG("probe_failed", "endpoint=%s result=%d next_ms=%ld", ep->label, result,
-              ep->probe_interval_ms);
+    /* Refused connects are the normal state of a loading replica: debug. A
+     * /health too slow for probeTimeoutMs, or answering something unusable,
+     * is a misbehaving server: said once, until the reason changes. */
+    bool odd = result == -ETIMEDOUT || result == -EPROTO || result == 101;
+    if (odd && result != ep->probe_last_failure)
+        LOG_WARN("probe_failed", "endpoint=%s result=%d reason=\"%s\" timeout_ms=%ld", ep->label,
+                 result, probe_strerror(result), b->probe_timeout_ms);
+    else
+        LOG_DEBUG("probe_failed", "endpoint=%s result=%d reason=\"%s\" next_ms=%ld", ep->label,
+                  result, probe_strerror(result), ep->probe_interval_ms);
+    ep->probe_last_failure = result;
     if (!b->probing || ep->bal.removed)
         return;
     struct timeval tv = {ep->probe_interval_ms / 1000, (ep->probe_interval_ms % 1000) * 1000};

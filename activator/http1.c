@@ -541,7 +541,9 @@ ssize_t http1_parse_response(struct http1_scan *s, const char *buf, size_t len,
             return HTTP1_ERR_STATUS;
         status = status * 10 + (line[i] - '0');
     }
-    if (status < 100)
+    /* RFC 9110 15: a status outside 100..599 is invalid. Forwarded, a 600
+     * or 999 reaches clients whose handling of it nobody can predict. */
+    if (status < 100 || status > 599)
         return HTTP1_ERR_STATUS;
     if (ll > 12 && line[12] != ' ')
         return HTTP1_ERR_STATUS;

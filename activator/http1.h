@@ -38,7 +38,7 @@ enum http1_err {
     HTTP1_ERR_HOST = -9,             /* missing or repeated Host in 1.1: 400 */
     HTTP1_ERR_EXPECT = -10,          /* an expectation other than 100-continue: 417 */
     HTTP1_ERR_CHUNK = -11,           /* malformed chunked body: 400 */
-    HTTP1_ERR_STATUS = -12,          /* malformed response status line */
+    HTTP1_ERR_STATUS = -12,          /* malformed response status line, or status not 100..599 */
     HTTP1_ERR_OBS_FOLD = -13,        /* obsolete line folding: 400 */
 };
 

@@ -943,8 +943,10 @@ static void up_event_cb(struct conn *c, int what, int err, void *arg)
         retry_upstream(r, !r->up_reused);
         return;
     }
+    /* A plain close (EOF) carries no errno: strerror(0) would say "Success". */
     LOG_WARN("upstream_error", "model=%s endpoint=%s err=\"%s\"", r->m->name,
-             endpoint_label(r->ep), evutil_socket_error_to_string(err));
+             endpoint_label(r->ep),
+             err ? evutil_socket_error_to_string(err) : "closed by the model server");
     req_fail(r, 502, OUT_BAD_GATEWAY, "bad_gateway", "the model server closed the connection");
 }
 

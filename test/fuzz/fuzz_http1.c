@@ -141,7 +141,7 @@ static void check_msg(const MSG *m, const char *buf, ssize_t rc, const struct ht
     FUZZ_CHECK((size_t)rc == m->head_len, "returned %zd, head_len %zu", rc, m->head_len);
     FUZZ_CHECK(m->head_len <= lim->max_head_bytes, "head %zu over the limit", m->head_len);
     FUZZ_CHECK(m->num_headers <= lim->max_headers, "%zu headers", m->num_headers);
-    FUZZ_CHECK(m->status >= 100 && m->status <= 999, "status %d", m->status);
+    FUZZ_CHECK(m->status >= 100 && m->status <= 599, "status %d", m->status);
     FUZZ_CHECK(m->version_minor == 0 || m->version_minor == 1, "version 1.%d", m->version_minor);
     FUZZ_CHECK(inside(m->reason, m->reason_len, buf, buf + m->head_len), "reason outside");
     check_headers(m->headers, m->num_headers, m->conn_tokens, m->num_conn_tokens, buf,

@@ -1,10 +1,13 @@
 // thaw-activator backend sets: endpoints file reloaded on change, least
 // outstanding requests balancing, per-endpoint concurrency cap, DNS names
 // (re-resolved faster while a model waits for its first replica), SIGHUP
-// config reload.
+// config reload; readiness probes against a raw model server (whole-probe
+// deadline, interim 1xx heads, invalid statuses) and the 502s for a status
+// outside 100..599 or a close without an answer.
 import dgram from 'node:dgram';
 import fs from 'node:fs';
 import http from 'node:http';
+import net from 'node:net';
 import path from 'node:path';
 import { test } from 'node:test';
 
@@ -608,4 +611,153 @@ test('bad config: a clear message naming the field, exit non-zero', async () => 
   assert.notEqual(code, 0);
   assert.match(p.output(), /models\[0\]\.maxHeldRequests/);
   void request;
+});
+
+// A raw-TCP model server, for answers node's http server will not send: a
+// /health that trickles its bytes or sends 1xx heads first, statuses outside
+// 100..599. health(sock) answers GET /health; answer(sock) every other
+// request (after its Content-Length body). Counts /health connections.
+async function rawModelServer({ health, answer }) {
+  const s = { healthConns: 0, sockets: new Set(), timers: new Set() };
+  const server = net.createServer((sock) => {
+    s.sockets.add(sock);
+    sock.on('close', () => s.sockets.delete(sock));
+    sock.on('error', () => {});
+    let buf = Buffer.alloc(0);
+    const pump = () => {
+      const i = buf.indexOf('\r\n\r\n');
+      if (i < 0) return;
+      const head = buf.subarray(0, i).toString('latin1');
+      const cl = /\r\ncontent-length:\s*(\d+)/i.exec(head);
+      const end = i + 4 + (cl ? Number(cl[1]) : 0);
+      if (buf.length < end) return;
+      buf = buf.subarray(end);
+      if (head.split(' ')[1] === '/health') { s.healthConns++; health(sock, s); } else answer(sock, s);
+    };
+    sock.on('data', (d) => { buf = Buffer.concat([buf, d]); pump(); });
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  s.url = `http://127.0.0.1:${server.address().port}`;
+  // Writes text one byte per everyMs (for as long as the socket is open).
+  s.trickle = (sock, text, everyMs) => {
+    let i = 0;
+    const t = setInterval(() => {
+      if (sock.destroyed || i >= text.length) { clearInterval(t); s.timers.delete(t); return; }
+      sock.write(text[i++]);
+    }, everyMs);
+    s.timers.add(t);
+  };
+  s.close = async () => {
+    for (const t of s.timers) clearInterval(t);
+    for (const sock of s.sockets) sock.destroy();
+    await new Promise((r) => server.close(r));
+  };
+  return s;
+}
+
+const OK_200 = 'HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok';
+
+test('readiness probe: probeTimeoutMs bounds the whole probe, so a /health trickling its answer is given up on and probed again', async () => {
+  // While `slow`, /health sends a 200 one byte per 100 ms (about 15 s in
+  // all): each byte would restart an idle timeout. Then it answers at once.
+  let slow = true;
+  const be = await rawModelServer({
+    health: (sock, s) => {
+      if (slow) s.trickle(sock, `HTTP/1.1 200 OK\r\nX-Pad: ${'a'.repeat(100)}\r\nContent-Length: 2\r\n\r\nok`, 100);
+      else sock.end(OK_200);
+    },
+    answer: (sock) => sock.write('HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello'),
+  });
+  const act = await startActivator({
+    models: [{ name: 'trickle', backend: be.url, probeTimeoutMs: 500, holdTimeoutSeconds: 5, ...fast }],
+  });
+  try {
+    setTimeout(() => { slow = false; }, 1200);
+    const t0 = Date.now();
+    const r = await complete(act.port, 'trickle', { timeoutMs: 10000 });
+    const took = Date.now() - t0;
+    // Released by the first probe after /health turned quick (~1.2-1.7 s);
+    // a per-byte timeout would keep the first probe for ~15 s: 504 at 5 s.
+    assert.equal(r.status, 200, r.body.toString());
+    assert.ok(took < 3500, `held ${took} ms`);
+    assert.ok(be.healthConns >= 3, `${be.healthConns} probes`);
+    await act.proc.waitForLog(/event=probe_failed .*reason="probe deadline exceeded/, 1000);
+  } finally {
+    await act.stop();
+    await be.close();
+  }
+});
+
+test('readiness probe: interim 1xx heads (103, 100) are skipped, bounded; 101 and a status over 599 are not healthy', async () => {
+  const early = 'HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n';
+  const be = await rawModelServer({
+    // 103 alone, then 100 and the 200 in one write: each read is parsed on.
+    health: (sock) => { sock.write(early); setTimeout(() => sock.end(`HTTP/1.1 100 Continue\r\n\r\n${OK_200}`), 50); },
+    answer: (sock) => sock.write(`${early}HTTP/1.1 200 OK\r\nContent-Length: 5\r\n\r\nhello`),
+  });
+  const bad = {
+    upgrade: 'HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\nConnection: Upgrade\r\n\r\n',
+    // 1xx heads adding up to more than the probe's 16 KiB, then a 200.
+    flood: `HTTP/1.1 103 Early Hints\r\nLink: <${'x'.repeat(1000)}>\r\n\r\n`.repeat(20) + OK_200,
+    six: 'HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\nok',
+  };
+  const bads = {};
+  for (const [name, text] of Object.entries(bad)) {
+    bads[name] = await rawModelServer({ health: (sock) => sock.end(text), answer: (sock) => sock.end(OK_200) });
+  }
+  const act = await startActivator({
+    models: [
+      { name: 'early', backend: be.url, holdTimeoutSeconds: 3, ...fast },
+      ...Object.keys(bad).map((name) => ({ name, backend: bads[name].url, holdTimeoutSeconds: 1, ...fast })),
+    ],
+  });
+  try {
+    const r = await complete(act.port, 'early', { timeoutMs: 10000 });
+    assert.equal(r.status, 200, r.body.toString());
+    assert.equal(r.body.toString(), 'hello');
+    assert.equal((await act.model('early')).state, 'ready');
+    const held = await Promise.all(Object.keys(bad).map((name) => complete(act.port, name, { timeoutMs: 10000 })));
+    for (const [i, name] of Object.keys(bad).entries()) {
+      assert.equal(held[i].status, 504, `${name}: ${held[i].body}`);
+      assert.ok(bads[name].healthConns >= 2, `${name}: ${bads[name].healthConns} probes`);
+      assert.notEqual((await act.model(name)).state, 'ready', name);
+    }
+    const m = await act.metrics();
+    assert.equal(metricSum(m, 'thaw_activator_probes_total', { model: 'upgrade', result: 'ok' }), 0);
+    const out = act.proc.output();
+    assert.match(out, /event=probe_failed endpoint=\S+ result=101 reason="unexpected 101/);
+    assert.match(out, /event=probe_failed endpoint=\S+ result=-71 reason="invalid response"/);
+  } finally {
+    await act.stop();
+    await be.close();
+    for (const s of Object.values(bads)) await s.close();
+  }
+});
+
+test('a backend status outside 100..599 is a 502; a backend closing without an answer is logged as such, not err="Success"', async () => {
+  const be = await rawModelServer({
+    health: (sock) => sock.end(OK_200),
+    answer: (sock, s) => {
+      s.answered = (s.answered ?? 0) + 1;
+      if (s.mode === 'close') sock.end(); // FIN, no answer: errno 0
+      else sock.write('HTTP/1.1 600 Odd\r\nContent-Length: 2\r\n\r\nok');
+    },
+  });
+  const act = await startActivator({ models: [{ name: 'odd', backend: be.url, ...fast }] });
+  try {
+    const r = await complete(act.port, 'odd');
+    assert.equal(r.status, 502, r.body.toString());
+    assert.equal(JSON.parse(r.body).error.code, 'bad_gateway');
+    assert.match(r.body.toString(), /the model server sent an invalid response/);
+    await act.proc.waitForLog(/event=upstream_bad_response .*err="malformed status line"/, 1000);
+    be.mode = 'close';
+    const c = await complete(act.port, 'odd');
+    assert.equal(c.status, 502, c.body.toString());
+    assert.match(c.body.toString(), /the model server closed the connection/);
+    await act.proc.waitForLog(/event=upstream_error .*err="closed by the model server"/, 1000);
+    assert.doesNotMatch(act.proc.output(), /err="Success"/);
+  } finally {
+    await act.stop();
+    await be.close();
+  }
 });
