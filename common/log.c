@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -130,6 +131,10 @@ const char *log_quote_url(char *out, size_t outlen, const char *url)
     const char *auth = strstr(url, "://");
     auth = auth ? auth + 3 : url;
     size_t auth_len = strcspn(auth, "/?#"); /* the authority: [userinfo@]host[:port] */
+    /* Our Redis URL parsers take the last '@' anywhere as the end of the
+     * userinfo (a password may hold '/'): redact as far as they read it. */
+    if (strncasecmp(url, "redis://", 8) == 0 || strncasecmp(url, "rediss://", 9) == 0)
+        auth_len = strlen(auth);
     const char *at = NULL; /* the last '@': a password may hold one */
     for (size_t i = 0; i < auth_len; i++)
         if (auth[i] == '@')

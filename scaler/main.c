@@ -120,9 +120,9 @@ static const struct opt_def option_defs[] = {
      "a change of activation is always sent at once; 0: every wake",
      "wakeRepeatMs"},
     {"max-wake-held", OPT_INT, S(max_wake_held), "10000", 1, 9999999,
-     "a POST /wake counts at most this many held requests (an activator holds "
-     "maxHeldRequests, 1000 by default): one bad or hostile post cannot ask for thousands "
-     "of replicas", "maxWakeHeld"},
+     "a POST /wake counts at most this many held requests, and so do all wakes for one "
+     "model together (an activator holds maxHeldRequests, 1000 by default): bad or hostile "
+     "posts cannot ask for thousands of replicas", "maxWakeHeld"},
     {"max-connections", OPT_INT, S(max_connections), "10000", 1, 1000000,
      "gRPC connections accepted at once", "maxConnections"},
     {"max-request-bytes", OPT_INT, S(max_request_bytes), "67108864", 65536, 1073741824,
@@ -169,6 +169,7 @@ struct app {
     struct event *read_now; /* one-shot: read the sources for a new target */
     bool queue_in_flight, held_in_flight, stopping;
     bool redis_again; /* a new target came while a Redis batch was in flight */
+    int64_t last_read_now_ms; /* when read_now last ran (monotonic) */
     int64_t last_gc_ms;
     uint64_t http_wakes, http_wakes_refused, http_wakes_capped;
     struct page_job *jobs; /* /metrics and /models pages being built */
@@ -279,10 +280,12 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
 
 /* A new target's calls wait for its first reading (service.c): take it now
  * rather than up to an interval later. One read serves every target that
- * appeared meanwhile. */
+ * appeared meanwhile, and reads are at least this far apart. */
+#define READ_NOW_SPACING_MS 200
 static void read_now_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct app *app = arg;
+    app->last_read_now_ms = clock_mono_ms();
     prom_timer_cb(-1, 0, app); /* an answer already on its way covers the target too */
     if (app->queue_in_flight || app->held_in_flight)
         app->redis_again = true;
@@ -295,8 +298,15 @@ static void on_new_target(void *ud, struct target *t)
 {
     (void)t;
     struct app *app = ud;
-    struct timeval zero = {0, 0};
-    if (!evtimer_pending(app->read_now, NULL) && evtimer_add(app->read_now, &zero) != 0)
+    if (evtimer_pending(app->read_now, NULL))
+        return; /* that read covers this target too */
+    /* Spaced: hundreds of ScaledObjects applied at once must not mean a
+     * Prometheus query and a Redis batch each. */
+    int64_t wait = app->last_read_now_ms + READ_NOW_SPACING_MS - clock_mono_ms();
+    if (wait < 0)
+        wait = 0;
+    struct timeval tv = {(time_t)(wait / 1000), (suseconds_t)(wait % 1000 * 1000)};
+    if (evtimer_add(app->read_now, &tv) != 0)
         LOG_WARN("read_now_failed", "error=\"could not schedule a read for a new target\"");
 }
 
@@ -690,6 +700,9 @@ static void signal_cb(evutil_socket_t sig, short what, void *arg)
     app->stopping = true;
     LOG_INFO("shutdown", "signal=%d streams=%zu", (int)sig, scaler_service_stream_count(app->svc));
     scaler_service_set_serving(app->svc, false);
+    /* KEDA keeps the replicas on an error; a call ended without one reads
+     * as a bad response. */
+    scaler_service_fail_pending(app->svc, "the scaler is shutting down");
     grpc_server_shutdown(app->grpc);
     event_del(app->prom_timer);
     event_del(app->redis_timer);
@@ -875,6 +888,7 @@ int main(int argc, char **argv)
         .wake_hold_ms = (int64_t)(app.cfg.held_fresh_seconds * 1000),
         .target_expiry_ms = (int64_t)(app.cfg.target_expiry_seconds * 1000),
         .max_targets = (size_t)app.cfg.max_targets,
+        .max_wake_held = (double)app.cfg.max_wake_held,
     };
     app.st = app.svc ? scaler_state_new(&sc, clock_mono_ms(), scaler_service_on_change, app.svc)
                      : NULL;
@@ -935,6 +949,7 @@ int main(int argc, char **argv)
     app.sigint = evsignal_new(app.base, SIGINT, signal_cb, &app);
     app.shutdown_timer = evtimer_new(app.base, shutdown_timeout_cb, &app);
     app.read_now = evtimer_new(app.base, read_now_cb, &app);
+    app.last_read_now_ms = clock_mono_ms() - READ_NOW_SPACING_MS;
     if (!app.prom_timer || !app.redis_timer || !app.tick_timer || !app.sigterm || !app.sigint ||
         !app.shutdown_timer || !app.read_now) {
         LOG_ERROR("startup_failed", "error=\"out of memory\"");

@@ -25,11 +25,13 @@ struct prom_sample {
 
 void prom_samples_free(struct prom_sample *samples, size_t n);
 
-/* Answers holding more series than this (counted as JSON objects and arrays,
- * before parsing) fail: the parse runs on the event loop, and its memory and
- * time grow with the series. Thaw's query sums by model, so this is 50 000
- * models. */
+/* Answers holding more series than this (counted as JSON objects, arrays
+ * and commas, before parsing) fail: the parse runs on the event loop, and
+ * its memory and time grow with the values. Thaw's query sums by model, so
+ * this is 50 000 models; a series may have PROM_MAX_LABELS labels (more
+ * labels mean fewer series). */
 #define PROM_MAX_SERIES 50000
+#define PROM_MAX_LABELS 16
 
 /* Parses a /api/v1/query response body (resultType "vector"; a "scalar" gives
  * one sample with label_value ""). Series without `label` are skipped. On

@@ -357,8 +357,9 @@ static void answer_or_wait(struct scaler_service *svc, struct grpc_call *call, s
                            const char *metric_name)
 {
     bool get_metrics = metric_name != NULL;
-    /* Not while a source is failing: the reading would not come in time. */
-    bool must_wait = target_awaiting_data(t) &&
+    /* Not while a source is failing: the reading would not come in time;
+     * nor once every source answered without a reading (a NaN series). */
+    bool must_wait = target_first_read_due(t) &&
                      (get_metrics || !target_decision(t)->active) &&
                      !scaler_state_source_failing(svc->st);
     struct pending_call *p = NULL;
@@ -387,17 +388,38 @@ static void answer_or_wait(struct scaler_service *svc, struct grpc_call *call, s
     grpc_call_set_cancel(call, pending_cancelled, p);
 }
 
-void scaler_service_on_fresh(void *ud, struct target *t)
+/* Answers the calls waiting on target t (only its IsActive calls if
+ * is_active_only). */
+static void pending_answer_target(struct scaler_service *svc, struct target *t,
+                                  bool is_active_only)
 {
-    struct scaler_service *svc = ud;
     struct pending_call *p = svc->pending;
     while (p) {
         struct pending_call *next = p->next;
-        if (p->target == t) {
+        if (p->target == t && !(is_active_only && p->get_metrics)) {
             svc->calls_wait_answered++;
             pending_answer(p);
         }
         p = next;
+    }
+}
+
+void scaler_service_on_fresh(void *ud, struct target *t)
+{
+    struct scaler_service *svc = ud;
+    if (svc->npending)
+        pending_answer_target(svc, t, false);
+}
+
+void scaler_service_fail_pending(struct scaler_service *svc, const char *why)
+{
+    while (svc->pending) {
+        struct pending_call *p = svc->pending;
+        struct grpc_call *call = p->call;
+        grpc_call_set_cancel(call, NULL, NULL);
+        pending_unlink(p);
+        svc->calls_wait_expired++;
+        grpc_call_finish(call, GRPC_STATUS_UNAVAILABLE, why);
     }
 }
 
@@ -616,6 +638,11 @@ void scaler_service_on_change(void *ud, struct target *t, const struct policy_de
                               const struct policy_decision *now)
 {
     struct scaler_service *svc = ud;
+    /* A wake (or a held count) turns the target active: an IsActive call
+     * waiting for its first reading has its answer, `true`, now. GetMetrics
+     * calls still wait: the count needs the token rate too. */
+    if (now->active && svc->npending)
+        pending_answer_target(svc, t, true);
     if (svc->in_wake || (old && old->active == now->active) || (!old && !now->active))
         return;
     push_model(svc, target_spec(t)->model, t, now->active, &svc->pushes_change);

@@ -29,7 +29,9 @@ void scaler_service_attach(struct scaler_service *svc, struct scaler_state *st);
 /* Method table for grpc_server_new; valid while the service lives. */
 const struct grpc_method *scaler_service_methods(struct scaler_service *svc, size_t *n);
 
-/* state_change_fn for scaler_state_new (ud = the service). */
+/* state_change_fn for scaler_state_new (ud = the service): pushes a changed
+ * activity to the target's streams, and answers `true` at once to IsActive
+ * calls waiting for a first reading when the target turns active. */
 void scaler_service_on_change(void *ud, struct target *t, const struct policy_decision *old,
                               const struct policy_decision *now);
 
@@ -37,6 +39,9 @@ void scaler_service_on_change(void *ud, struct target *t, const struct policy_de
  * service): answers the IsActive and GetMetrics calls that waited for the
  * target's first reading. */
 void scaler_service_on_fresh(void *ud, struct target *t);
+/* Answers every call still waiting for a first reading UNAVAILABLE with
+ * `why` (on shutdown: never end a call without an answer). */
+void scaler_service_fail_pending(struct scaler_service *svc, const char *why);
 /* Answers UNAVAILABLE to calls that waited too long for a first reading
  * (call about once a second). */
 void scaler_service_tick(struct scaler_service *svc, int64_t now_ms);

@@ -33,6 +33,9 @@ struct model_sig {
     int64_t invalid_since_ms;
     bool invalid_in_answer;
     double held;
+    /* A held-count batch that included this model has come back: until then
+     * its held count of 0 is not a reading. */
+    bool held_measured;
     double queued; /* waiting at activators' concurrency caps (replicas ready) */
     double inflight; /* in a backend through the activators */
     long long silent; /* activators that stopped reporting while they carried requests */
@@ -217,7 +220,8 @@ void scaler_state_free(struct scaler_state *st)
 /* What the wakes still in force say is held: the named activators' counts
  * summed (each its latest), or 1 for an unnamed wake if more. Not both added:
  * an activator's Redis message and its post are one wake. */
-static double wake_held(const struct model_sig *m, int64_t now_ms)
+static double wake_held(const struct scaler_state *st, const struct model_sig *m,
+                        int64_t now_ms)
 {
     double named = 0, unnamed = 0;
     for (size_t i = 0; i < WAKE_CLAIMS; i++) {
@@ -228,14 +232,19 @@ static double wake_held(const struct model_sig *m, int64_t now_ms)
         else if (m->claims[i].held > unnamed)
             unnamed = m->claims[i].held;
     }
-    return named > unnamed ? named : unnamed;
+    double held = named > unnamed ? named : unnamed;
+    /* Many instance ids, each within its own cap, must not add up to any
+     * number of replicas. */
+    return st->cfg.max_wake_held > 0 && held > st->cfg.max_wake_held ? st->cfg.max_wake_held
+                                                                     : held;
 }
 
 /* The held input: Redis's count, or what wakes said if more (a wake before
  * the next read of thaw:held, or Redis down and the activators posting). */
-static double effective_held(const struct model_sig *m, int64_t now_ms)
+static double effective_held(const struct scaler_state *st, const struct model_sig *m,
+                             int64_t now_ms)
 {
-    double wake = wake_held(m, now_ms);
+    double wake = wake_held(st, m, now_ms);
     return m->held > wake ? m->held : wake;
 }
 
@@ -270,9 +279,9 @@ static bool queue_stale(const struct scaler_state *st, const struct target *t)
     return st->src[SOURCE_REDIS_QUEUE].failing || !t->queue->measured;
 }
 
-static bool held_stale(const struct scaler_state *st)
+static bool held_stale(const struct scaler_state *st, const struct target *t)
 {
-    return st->src[SOURCE_REDIS_HELD].failing || !st->src[SOURCE_REDIS_HELD].ever_ok;
+    return st->src[SOURCE_REDIS_HELD].failing || !t->model->held_measured;
 }
 
 static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
@@ -284,12 +293,12 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
         /* The backlog: the job queue plus the requests activators keep
          * waiting at their concurrency caps (interactive traffic's queue). */
         .queue = t->queue->length + t->model->queued,
-        .held = effective_held(t->model, now_ms),
+        .held = effective_held(st, t->model, now_ms),
         .token_rate_stale = rate_stale(st, t),
         /* A key not read yet (new target, or redisKey just changed) is not
          * evidence of an empty queue. */
         .queue_stale = queue_stale(st, t),
-        .held_stale = held_stale(st),
+        .held_stale = held_stale(st, t),
         /* Everything the activators carry: held, queued and in a backend;
          * unknown while one stopped reporting with requests (its field
          * went stale): then the token rate decides. */
@@ -518,6 +527,11 @@ void scaler_state_set_target_hooks(struct scaler_state *st, state_target_fn on_n
 }
 
 bool target_awaiting_data(const struct target *t) { return !t->fresh; }
+bool target_first_read_due(const struct target *t)
+{
+    return !t->fresh &&
+           (!t->model->rate_measured || !t->queue->measured || !t->model->held_measured);
+}
 
 bool scaler_state_source_failing(const struct scaler_state *st)
 {
@@ -777,8 +791,9 @@ void scaler_state_held_ok(struct scaler_state *st, const long long *held, const 
         long long z = silent && silent[i] > 0 ? silent[i] : 0;
         /* Only a change between none and some can change a decision. */
         if (h != m->held || q != m->queued || late != m->late_after_ms ||
-            (f > 0) != (m->inflight > 0) || (z > 0) != (m->silent > 0))
+            (f > 0) != (m->inflight > 0) || (z > 0) != (m->silent > 0) || !m->held_measured)
             m->changed_in = update;
+        m->held_measured = true;
         if (z > 0 && m->silent == 0)
             LOG_WARN("activators_silent", "model=%s fields=%lld", m->name, z);
         m->inflight = f;
@@ -1110,7 +1125,7 @@ struct scaler_page *scaler_state_metrics_page(const struct scaler_state *st, int
         if ((row->labels = arena_add(pg, labels)) == SIZE_MAX)
             goto fail;
         row->v[0] = m->token_rate;
-        row->v[1] = effective_held(m, now_ms);
+        row->v[1] = effective_held(st, m, now_ms);
         row->v[2] = m->queued;
         row->v[3] = m->inflight;
         row->v[4] = (double)m->wakes;
@@ -1315,9 +1330,9 @@ static json_t *target_json(const struct scaler_state *st, const struct target *t
         "s:f, s:b, s:{s:f, s:f, s:f, s:f}}",
         "namespace", t->ns, "scaledObject", t->name, "model", t->spec.model, "inputs",
         "tokenRate", t->model->token_rate, "queueLength", t->queue->length, "heldRequests",
-        effective_held(t->model, now_ms), "queuedRequests", t->model->queued, "redisKey",
+        effective_held(st, t->model, now_ms), "queuedRequests", t->model->queued, "redisKey",
         t->spec.redis_key, "tokenRateStale", (int)rate_stale(st, t), "queueStale",
-        (int)queue_stale(st, t), "heldStale", (int)held_stale(st), "desired", (json_int_t)d->desired, "raw",
+        (int)queue_stale(st, t), "heldStale", (int)held_stale(st, t), "desired", (json_int_t)d->desired, "raw",
         (json_int_t)d->raw, "active", (int)d->active, "reason",
         policy_reason_to_str(d->reason), "direction", policy_direction_to_str(t->change_direction),
         "secondsSinceChange", (double)(now_ms - t->last_change_ms) / 1000.0,

@@ -32,6 +32,9 @@ struct scaler_state_config {
     int64_t wake_hold_ms;         /* a wake message counts as one held request this long */
     int64_t target_expiry_ms;     /* targets not asked about this long are dropped */
     size_t max_targets;           /* new targets past this many are refused; 0: no limit */
+    /* What wakes may claim is held for one model, all activators together
+     * (an activator's own count is capped by the caller); 0: no limit. */
+    double max_wake_held;
 };
 
 /* Reports a changed decision (desired, active or reason), old NULL for a new target. */
@@ -62,6 +65,10 @@ void scaler_state_set_target_hooks(struct scaler_state *st, state_target_fn on_n
  * (a restart, a new ScaledObject). Until then its idle answer would be a
  * guess from zeros: a busy model would read as idle. */
 bool target_awaiting_data(const struct target *t);
+/* Awaiting data, and some source has not answered for the target at all
+ * yet: a reading is on its way. False when every source answered but the
+ * answer is no reading (e.g. a NaN series): waiting would not help. */
+bool target_first_read_due(const struct target *t);
 /* True while any source's last read failed. */
 bool scaler_state_source_failing(const struct scaler_state *st);
 size_t scaler_state_target_count(const struct scaler_state *st);

@@ -5,6 +5,7 @@
 // still says true, and when the peer comes back on the same port the scaler
 // recovers by itself.
 import assert from 'node:assert/strict';
+import http from 'node:http';
 import { after, before, test } from 'node:test';
 
 import { freePort, startPrometheus, startRedis, waitUntil } from './lib/harness.mjs';
@@ -401,5 +402,84 @@ test('started before its peers: the scaler connects once they come up (Redis db 
     assert.equal(await early.stop(), 0);
     if (lateRedis) await lateRedis.stop();
     if (lateProm) await lateProm.stop();
+  }
+});
+
+test('calls waiting for a first reading: a wake answers IsActive at once, SIGTERM answers UNAVAILABLE', async (t) => {
+  // A Prometheus that takes the query and never answers: not failing (its
+  // timeout is long), so a new target's calls wait for the reading.
+  const held = [];
+  const slow = http.createServer((req, res) => { held.push(res); });
+  await new Promise((resolve) => slow.listen(0, '127.0.0.1', resolve));
+  const sc = await startScaler({
+    prometheusUrl: `http://127.0.0.1:${slow.address().port}`,
+    redisUrl: redis.url,
+    name: 'thaw-scaler-slowprom',
+    flags: { 'prometheus-interval-ms': 60000, 'source-timeout-ms': 30000, 'staleness-limit-seconds': 60 },
+  });
+  let stopped = false;
+  try {
+    await sc.client.waitForReady(5000);
+    const woken = scaledObjectRef('slow-woken', { model: 'slow-woken' });
+    await sc.client.getMetricSpec(woken);
+    const t0 = Date.now();
+    const answer = sc.client.isActive(woken);
+    await sleep(300);
+    const res = await sc.get('/wake?model=slow-woken', { method: 'POST' });
+    assert.equal(res.status, 200);
+    assert.deepEqual(await answer, { result: true });
+    const ms = Date.now() - t0;
+    t.diagnostic(`waiting IsActive answered ${ms} ms after the call (wake at 300 ms)`);
+    // The wait alone would end at 2 to 3 s, and then UNAVAILABLE.
+    assert.ok(ms < 1500, `IsActive answered after ${ms} ms`);
+
+    const other = scaledObjectRef('slow-other', { model: 'slow-other' });
+    await sc.client.getMetricSpec(other);
+    const calls = [
+      sc.client.getMetrics({ scaledObjectRef: other, metricName: '' }),
+      sc.client.isActive(other),
+    ].map((p) => p.then((v) => ({ value: v }), (e) => ({ code: e.code, details: e.details })));
+    await sleep(300);
+    stopped = true;
+    assert.equal(await sc.proc.stop('SIGTERM', 8000), 0);
+    for (const r of await Promise.all(calls)) {
+      assert.equal(r.code, UNAVAILABLE, JSON.stringify(r));
+      assert.match(r.details, /shutting down/);
+    }
+  } finally {
+    if (stopped) sc.client.close();
+    else assert.equal(await sc.stop(), 0);
+    for (const res of held) res.destroy();
+    slow.close();
+  }
+});
+
+test('ScaledObjects applied in bulk: the reads they trigger are spaced, every target gets its reading', async (t) => {
+  const bulk = await startScaler({
+    prometheusUrl: prom.url,
+    redisUrl: redis.url,
+    name: 'thaw-scaler-bulk',
+    flags: { 'prometheus-interval-ms': 60000, 'redis-interval-ms': 60000 },
+  });
+  try {
+    await bulk.client.waitForReady(5000);
+    const updates = async () => sampleValue(await bulk.metrics(), 'thaw_scaler_source_updates_total',
+      { source: 'prometheus' });
+    const before = await updates();
+    const t0 = Date.now();
+    const N = 100;
+    for (let i = 0; i < N; i++) {
+      await bulk.client.getMetricSpec(scaledObjectRef(`bulk-${i}`, { model: `bulk-${i}` }));
+      await sleep(15);
+    }
+    await waitUntil(async () => (await bulk.models()).every((m) => !m.awaitingData),
+      5000, { what: 'every bulk target read' });
+    const elapsed = Date.now() - t0;
+    const reads = (await updates()) - before;
+    t.diagnostic(`${N} new targets over ${elapsed} ms: ${reads} Prometheus reads`);
+    // One read per 200 ms at most (plus the first), not one per target.
+    assert.ok(reads >= 1 && reads <= Math.ceil(elapsed / 200) + 2, `${reads} reads`);
+  } finally {
+    assert.equal(await bulk.stop(), 0);
   }
 });

@@ -328,6 +328,10 @@ static void test_log(void **unused)
     assert_string_equal(log_quote_url(u, sizeof(u), "http://prom:9090/a:b@c"),
                         "http://prom:9090/a:b@c");
     assert_string_equal(log_quote_url(u, sizeof(u), "redis://u:p w@h"), "redis://u:REDACTED@h");
+    /* A Redis password may hold '/': the parsers take the last '@'. */
+    assert_string_equal(log_quote_url(u, sizeof(u), "redis://:pa/ss@h:6379/1"),
+                        "redis://:REDACTED@h:6379/1");
+    assert_string_equal(log_quote_url(u, sizeof(u), "rediss://u:a/b?c#d@h"), "rediss://u:REDACTED@h");
     assert_string_equal(log_quote_url(u, sizeof(u), NULL), "\"\"");
     log_set_sink(capture, NULL);
     log_set_level(LOG_LEVEL_WARN);

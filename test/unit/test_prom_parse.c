@@ -261,7 +261,33 @@ static void test_series_limit(void **state)
     memcpy(empties + n - 3, "{}]", 3);
     empties[n] = '\0';
     expect_fail(empties, "more than 50000 series");
+    /* 4 MB of bare numbers: 2 M values, no container past the root. */
+    empties[0] = '[';
+    for (size_t i = 1; i + 2 < n; i += 2)
+        memcpy(empties + i, "1,", 2);
+    memcpy(empties + n - 2, "1]", 2);
+    expect_fail(empties, "more than 50000 series");
     free(empties);
+
+    /* Series with PROM_MAX_LABELS labels each, as many as the limit, pass
+     * (commas inside label values do not count). */
+    size_t cap = 64 + (size_t)PROM_MAX_SERIES * (40 + PROM_MAX_LABELS * 12);
+    char *wide = malloc(cap);
+    assert_non_null(wide);
+    size_t o = (size_t)snprintf(wide, cap, "%s", VEC_PREFIX);
+    for (size_t i = 0; i < PROM_MAX_SERIES; i++) {
+        o += (size_t)snprintf(wide + o, cap - o, "%s{\"metric\":{\"model_name\":\"m%zu,,\"",
+                              i ? "," : "", i);
+        for (int l = 1; l < PROM_MAX_LABELS; l++)
+            o += (size_t)snprintf(wide + o, cap - o, ",\"l%d\":\"v\"", l);
+        o += (size_t)snprintf(wide + o, cap - o, "},\"value\":[1,\"1\"]}");
+    }
+    snprintf(wide + o, cap - o, "%s", VEC_SUFFIX);
+    struct parsed w = parse(wide);
+    assert_int_equal(w.rc, 0);
+    assert_int_equal(w.n, PROM_MAX_SERIES);
+    prom_samples_free(w.s, w.n);
+    free(wide);
 }
 
 static void test_nan_inf(void **state)

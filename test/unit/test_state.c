@@ -230,6 +230,21 @@ static void test_new_target_awaits_its_first_reading(void **unused)
     assert_int_equal(fresh_targets, 3);
     assert_int_equal(target_decision(t3)->desired, 5);
 
+    /* The held count is read per model: a batch taken before a model
+     * appeared does not cover it, even though it succeeds after. */
+    struct scaler_spec e = spec_for("m5", NULL);
+    assert_int_equal(scaler_state_held_batch(st, &models), 2); /* m1, m2 */
+    struct target *t5 = scaler_state_upsert(st, "ns", "so5", &e, 91);
+    scaler_state_held_ok(st, held2, NULL, NULL, NULL, NULL, 2, 92);
+    struct prom_sample three[] = {{"m1", 3000, false}, {"m2", 5000, false}, {"m5", 1000, false}};
+    scaler_state_prom_ok(st, three, 3, 93);
+    queues_empty(st, 94);
+    assert_true(target_awaiting_data(t5));
+    long long held3[3] = {0, 0, 0};
+    assert_int_equal(scaler_state_held_batch(st, &models), 3);
+    scaler_state_held_ok(st, held3, NULL, NULL, NULL, NULL, 3, 95);
+    assert_false(target_awaiting_data(t5));
+
     /* A source failing at the start keeps a new target waiting. */
     scaler_state_source_failed(st, SOURCE_PROMETHEUS, "HTTP 503", 100);
     assert_true(scaler_state_source_failing(st));
@@ -240,6 +255,7 @@ static void test_new_target_awaits_its_first_reading(void **unused)
     metadata_spec_finish(&a);
     metadata_spec_finish(&c);
     metadata_spec_finish(&d);
+    metadata_spec_finish(&e);
     scaler_state_free(st);
 }
 
@@ -285,7 +301,24 @@ static void test_invalid_token_rate_keeps_last_good(void **unused)
     scaler_state_prom_ok(st, valid, 1, 70);
     assert_int_equal(target_decision(t)->desired, 1);
     assert_false(target_beyond_staleness(st, t, 71 + cfg.staleness_limit_ms));
+
+    /* A new model whose series is NaN from the start: every source has
+     * answered, so its calls need not wait, yet it has no reading. */
+    struct scaler_spec c = spec_for("m2", NULL);
+    struct target *t2 = scaler_state_upsert(st, "ns", "so2", &c, 80);
+    assert_true(target_first_read_due(t2));
+    queues_empty(st, 85);
+    const char *const *models;
+    long long zeros[2] = {0, 0};
+    assert_int_equal(scaler_state_held_batch(st, &models), 2);
+    scaler_state_held_ok(st, zeros, NULL, NULL, NULL, NULL, 2, 86);
+    assert_true(target_first_read_due(t2)); /* no Prometheus answer since it came */
+    struct prom_sample nan2[] = {{"m1", 1000, false}, {"m2", 0, true}};
+    scaler_state_prom_ok(st, nan2, 2, 90);
+    assert_true(target_awaiting_data(t2));
+    assert_false(target_first_read_due(t2));
     metadata_spec_finish(&a);
+    metadata_spec_finish(&c);
     scaler_state_free(st);
 }
 
@@ -341,6 +374,25 @@ static void test_wake_claims(void **unused)
     assert_int_equal(held_input(st, 8000 + WAKE_CLAIMS + 4), WAKE_CLAIMS);
     metadata_spec_finish(&a);
     scaler_state_free(st);
+
+    /* With a cap, the claims of many instance ids add up to the cap at
+     * most; Redis's own count is not capped. */
+    struct scaler_state_config capped = cfg;
+    capped.max_wake_held = 50;
+    st = scaler_state_new(&capped, 0, on_change, NULL);
+    a = spec_for("m1", NULL);
+    scaler_state_upsert(st, "ns", "so1", &a, 0);
+    for (int i = 0; i < 4; i++) {
+        snprintf(id, sizeof(id), "act-%d", i);
+        scaler_state_wake(st, "m1", id, 30, 1000 + i);
+    }
+    assert_int_equal(held_input(st, 1010), 50);
+    assert_int_equal(scaler_state_held_batch(st, &models), 1);
+    held = 70;
+    scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 1020);
+    assert_int_equal(held_input(st, 1020), 70);
+    metadata_spec_finish(&a);
+    scaler_state_free(st);
 }
 
 static void test_fail_safe_and_staleness(void **unused)
@@ -365,6 +417,8 @@ static void test_fail_safe_and_staleness(void **unused)
     /* Recovery with fresh data scales down at once (window 0). */
     struct prom_sample zero[] = {{"m1", 0, false}};
     scaler_state_prom_ok(st, zero, 1, 21000);
+    const char *const *models;
+    assert_int_equal(scaler_state_held_batch(st, &models), 1);
     long long held = 0;
     scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 21000);
     assert_int_equal(target_decision(t)->desired, 0);
@@ -811,6 +865,8 @@ static void test_policy_v2_reaches_the_decision(void **unused)
     assert_int_equal(metadata_parse(k, v, 5, &a, NULL, NULL, err, sizeof(err)), 0);
     struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
     queues_empty(st, 1);
+    const char *const *models;
+    assert_int_equal(scaler_state_held_batch(st, &models), 1);
     long long held = 0;
     scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 1);
     struct prom_sample s[] = {{"m1", 3000, false}};
