@@ -30,6 +30,7 @@
 #include "redis_link.h"
 #include "scaler_wake.h"
 #include "route.h"
+#include "strmap.h"
 
 #define TICK_MS 100
 #define REDIS_REFRESH_MS 1000
@@ -184,6 +185,15 @@ struct model_rt {
     struct model_rt *next_removed;
 };
 
+struct retired_outcomes {
+    uint64_t outcomes[PROXY_OUTCOME_COUNT];
+    bool routed;
+};
+
+/* Names kept in proxy->retired at most; past it a removed model's counts
+ * are dropped (logged once). */
+#define RETIRED_MAX 10000
+
 struct old_config {
     struct config *cfg;
     struct old_config *next;
@@ -197,6 +207,11 @@ struct proxy {
     struct model_rt **models;
     size_t nmodels;
     struct model_rt *removed;
+    /* Outcome counts of models removed and freed, by name, until a model of
+     * that name comes back (it goes on from them): accepted keeps equal to
+     * the sum of outcomes across reloads. */
+    struct strmap *retired;
+    bool retired_full_logged;
     struct evdns_base *dns;
     char *dns_server; /* nameserver instead of resolv.conf's, or NULL */
     struct redis_link *redis;
@@ -1348,6 +1363,8 @@ static void hold_timer_cb(evutil_socket_t fd, short what, void *arg)
         req_fail(r, 504, OUT_HOLD_TIMEOUT, "hold_timeout",
                  "the model did not become ready within the hold timeout");
     }
+    if (m->hq.count == 0)
+        publish_held(m); /* the last held request timed out: the HDEL need not wait */
     arm_hold_timer(m);
 }
 
@@ -1551,14 +1568,24 @@ static void send_wake(struct model_rt *m)
     }
 }
 
+/* The model of that name in px->models. By name, not by the config's
+ * index: during a reload px->cfg is already the new config while px->models
+ * is still the old set (a backend going down then wakes its wakeWith). */
+static struct model_rt *model_by_name(struct proxy *px, const char *name)
+{
+    for (size_t i = 0; i < px->nmodels; i++)
+        if (strcmp(px->models[i]->name, name) == 0)
+            return px->models[i];
+    return NULL;
+}
+
 static void model_wake_with(struct model_rt *m)
 {
     struct proxy *px = m->px;
     for (size_t i = 0; i < m->mc->nwake_with; i++) {
-        int idx = config_model_index(px->cfg, m->mc->wake_with[i]);
-        if (idx < 0 || px->models[idx] == m)
+        struct model_rt *o = model_by_name(px, m->mc->wake_with[i]);
+        if (!o || o == m)
             continue;
-        struct model_rt *o = px->models[idx];
         /* Only a cold model reacts, so wakeWith cycles end. */
         unsigned act = model_sm_handle(&o->sm, MEV_WAKE, now_ms(), model_waiting(o));
         model_apply(o, act);
@@ -2365,6 +2392,59 @@ static void accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct soc
 
 /* ---- housekeeping ---- */
 
+/* A removed model's outcome counts, as it is freed: to the model of that
+ * name now configured, else to another removed one still carrying requests,
+ * else kept by name (the metrics go on showing them). */
+static void retire_outcomes(struct proxy *px, struct model_rt *m)
+{
+    struct model_rt *heir = model_by_name(px, m->name);
+    for (struct model_rt *o = px->removed; o && !heir; o = o->next_removed)
+        if (o != m && strcmp(o->name, m->name) == 0)
+            heir = o;
+    if (heir) {
+        for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
+            heir->outcomes[o] += m->outcomes[o];
+        heir->routed |= m->routed;
+        return;
+    }
+    struct retired_outcomes *r = px->retired ? strmap_get(px->retired, m->name) : NULL;
+    if (!r) {
+        if (!px->retired && !(px->retired = strmap_new()))
+            return;
+        if (strmap_count(px->retired) >= RETIRED_MAX || !(r = thaw_calloc(1, sizeof(*r)))) {
+            if (!px->retired_full_logged)
+                LOG_WARN("outcomes_dropped", "model=%s reason=\"too many removed models "
+                         "remembered\"", m->name);
+            px->retired_full_logged = true;
+            return;
+        }
+        if (strmap_put(px->retired, m->name, r) < 0) {
+            thaw_free(r);
+            return;
+        }
+    }
+    for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
+        r->outcomes[o] += m->outcomes[o];
+    r->routed |= m->routed;
+}
+
+/* A model (re)added: it goes on from the counts of its removed namesake. */
+static void inherit_outcomes(struct proxy *px, struct model_rt *m)
+{
+    struct retired_outcomes *r = px->retired ? strmap_remove(px->retired, m->name) : NULL;
+    if (!r)
+        return;
+    for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
+        m->outcomes[o] += r->outcomes[o];
+    m->routed |= r->routed;
+    thaw_free(r);
+}
+
+static bool config_owns(const struct config *cfg, const struct model_config *mc)
+{
+    return mc >= cfg->models && mc < cfg->models + cfg->nmodels;
+}
+
 static void free_removed(struct proxy *px)
 {
     for (struct model_rt **pp = &px->removed; *pp;) {
@@ -2372,18 +2452,30 @@ static void free_removed(struct proxy *px)
         if (m->hq.count == 0 && m->inflight == 0) {
             *pp = m->next_removed;
             LOG_INFO("model_removed", "model=%s", m->name);
+            /* Its thaw:held field goes with it, not left to go stale (the
+             * scaler would take it for a silent activator). */
+            publish_drained(m);
+            retire_outcomes(px, m);
             model_free(m);
         } else {
             pp = &m->next_removed;
         }
     }
-    if (!px->removed) {
-        while (px->old_cfgs) {
-            struct old_config *o = px->old_cfgs;
-            px->old_cfgs = o->next;
-            config_free(o->cfg);
-            thaw_free(o);
+    /* A removed model reads its settings from the config it was last in
+     * (m->mc); every other old config can go, so reloads while one request
+     * of a removed model is held do not pile configs up. */
+    for (struct old_config **op = &px->old_cfgs; *op;) {
+        struct old_config *o = *op;
+        bool used = false;
+        for (const struct model_rt *m = px->removed; m && !used; m = m->next_removed)
+            used = config_owns(o->cfg, m->mc);
+        if (used) {
+            op = &o->next;
+            continue;
         }
+        *op = o->next;
+        config_free(o->cfg);
+        thaw_free(o);
     }
 }
 
@@ -2508,6 +2600,27 @@ static unsigned peer_weight(const struct proxy *px)
     return most;
 }
 
+/* The model's part of the Redis refresh: a wake that could not be sent,
+ * the direct wake renewed while Redis is not there, its thaw:held field. */
+static void refresh_model(struct proxy *px, struct model_rt *m)
+{
+    /* Without Redis (down, or connected but not answering) the scaler does
+     * not see the held count that keeps a waking model wanted: the direct
+     * wake stands in for it, renewed as often. */
+    if (px->scaler_wake && m->sm.state == MODEL_WAKING && model_waiting(m) > 0 &&
+        !redis_link_answering(px->redis))
+        scaler_wake_send(px->scaler_wake, m->name, model_waiting(m));
+    /* A wake that could not be sent still matters while the model has not
+     * come up. */
+    if (m->wake_pending && px->redis && redis_link_up(px->redis)) {
+        if (m->sm.state == MODEL_WAKING)
+            send_wake(m);
+        else
+            m->wake_pending = false;
+    }
+    publish_held_at(m, true);
+}
+
 static void tick_cb(evutil_socket_t fd, short what, void *arg)
 {
     (void)fd;
@@ -2534,25 +2647,12 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
             px->weight_sent = peer_weight(px);
             redis_link_heartbeat(px->redis, px->peers_key, PEERS_TTL_MS, px->weight_sent);
         }
-        for (size_t i = 0; i < px->nmodels; i++) {
-            struct model_rt *m = px->models[i];
-            /* A wake that could not be sent still matters while the model
-             * has not come up. */
-            /* Without Redis the scaler does not see the held count that
-             * keeps a waking model wanted: the direct wake stands in for it,
-             * renewed as often. */
-            if (px->scaler_wake && m->sm.state == MODEL_WAKING &&
-                model_waiting(m) > 0 &&
-                !(px->redis && redis_link_up(px->redis)))
-                scaler_wake_send(px->scaler_wake, m->name, model_waiting(m));
-            if (m->wake_pending && px->redis && redis_link_up(px->redis)) {
-                if (m->sm.state == MODEL_WAKING)
-                    send_wake(m);
-                else
-                    m->wake_pending = false;
-            }
+        for (size_t i = 0; i < px->nmodels; i++)
+            refresh_model(px, px->models[i]);
+        /* A removed model's held requests still wait for its backend: the
+         * scaler must go on seeing them, then see them end. */
+        for (struct model_rt *m = px->removed; m; m = m->next_removed)
             publish_held_at(m, true);
-        }
     }
 }
 
@@ -2709,6 +2809,14 @@ void proxy_free(struct proxy *px)
         px->removed = m->next_removed;
         model_free(m);
     }
+    if (px->retired) {
+        size_t cur = 0;
+        const char *key;
+        void *value;
+        while (strmap_next(px->retired, &cur, &key, &value))
+            thaw_free(value);
+        strmap_free(px->retired);
+    }
     while (px->old_cfgs) {
         struct old_config *o = px->old_cfgs;
         px->old_cfgs = o->next;
@@ -2780,6 +2888,13 @@ long proxy_drain_timeout_ms(const struct proxy *px) { return px->cfg->limits.dra
 
 int proxy_reload(struct proxy *px, struct config *cfg)
 {
+    if (px->draining) {
+        /* A model it added would hold and wake for an instance on its way
+         * out; every new request gets 503 draining instead. */
+        LOG_WARN("reload_ignored", "reason=\"draining\"");
+        config_free(cfg);
+        return -1;
+    }
     struct model_rt **models = NULL;
     struct old_config *old = thaw_calloc(1, sizeof(*old));
     struct route_table *routes = route_table_new(cfg);
@@ -2863,6 +2978,8 @@ int proxy_reload(struct proxy *px, struct config *cfg)
     old->cfg = prev;
     old->next = px->old_cfgs;
     px->old_cfgs = old;
+    for (size_t i = 0; i < px->nmodels; i++)
+        inherit_outcomes(px, px->models[i]);
     free_removed(px);
     LOG_INFO("config_reloaded", "models=%zu", cfg->nmodels);
     /* A higher cap (or the split turned off) may let queued requests go; once
@@ -2973,10 +3090,9 @@ bool proxy_is_draining(const struct proxy *px) { return px->draining; }
 
 int proxy_wake(struct proxy *px, const char *model)
 {
-    int idx = config_model_index(px->cfg, model);
-    if (idx < 0)
+    struct model_rt *m = model_by_name(px, model);
+    if (!m)
         return -1;
-    struct model_rt *m = px->models[idx];
     model_apply(m, model_sm_handle(&m->sm, MEV_WAKE, now_ms(), model_waiting(m)));
     return 0;
 }
@@ -3003,6 +3119,14 @@ void proxy_get_totals(const struct proxy *px, struct proxy_totals *out)
         out->held += m->hq.count;
         out->inflight += m->inflight;
     }
+    size_t cur = 0;
+    const char *key;
+    void *value;
+    while (px->retired && strmap_next(px->retired, &cur, &key, &value)) {
+        const struct retired_outcomes *r = value;
+        for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
+            out->outcomes[o] += r->outcomes[o];
+    }
 }
 
 /* ---- exposition ---- */
@@ -3028,6 +3152,42 @@ static void ep_metric(void *ud, const char *label, unsigned outstanding, bool he
         expo_sample(c->out, "thaw_activator_endpoint_requests_total", labels, (double)requests);
 }
 
+/* thaw_activator_requests_total for model `name`: the configured model's
+ * counts, its removed instances' and its retired ones (at most one of the
+ * first and last exists). */
+static void write_outcomes(struct evbuffer *out, struct proxy *px, const char *name)
+{
+    uint64_t n[PROXY_OUTCOME_COUNT] = {0};
+    bool routed = false;
+    const struct model_rt *cur = model_by_name(px, name);
+    if (cur) {
+        for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
+            n[o] += cur->outcomes[o];
+        routed |= cur->routed;
+    }
+    for (const struct model_rt *m = px->removed; m; m = m->next_removed) {
+        if (strcmp(m->name, name) != 0)
+            continue;
+        for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
+            n[o] += m->outcomes[o];
+        routed |= m->routed;
+    }
+    const struct retired_outcomes *r = px->retired ? strmap_get(px->retired, name) : NULL;
+    if (r) {
+        for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
+            n[o] += r->outcomes[o];
+        routed |= r->routed;
+    }
+    char labels[512];
+    for (int o = 0; o < PROXY_OUTCOME_COUNT; o++) {
+        if (n[o] == 0 && o != OUT_OK && !(routed && outcome_exposed_from_zero[o]))
+            continue;
+        if (expo_labels(labels, sizeof(labels), "model", name, "outcome", outcome_names[o],
+                        NULL) >= 0)
+            expo_sample(out, "thaw_activator_requests_total", labels, (double)n[o]);
+    }
+}
+
 void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
 {
     char labels[512];
@@ -3047,16 +3207,22 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
                         NULL) >= 0)
             expo_sample(out, "thaw_activator_requests_total", labels, (double)px->unrouted[o]);
     }
-    for (size_t i = 0; i < px->nmodels; i++) {
-        const struct model_rt *m = px->models[i];
-        for (int o = 0; o < PROXY_OUTCOME_COUNT; o++) {
-            if (m->outcomes[o] == 0 && o != OUT_OK && !(m->routed && outcome_exposed_from_zero[o]))
-                continue;
-            if (expo_labels(labels, sizeof(labels), "model", m->name, "outcome",
-                            outcome_names[o], NULL) >= 0)
-                expo_sample(out, "thaw_activator_requests_total", labels, (double)m->outcomes[o]);
-        }
+    /* One series per name: a model's count, with the removed instances of
+     * it still carrying requests, and the counts of models removed since. */
+    for (size_t i = 0; i < px->nmodels; i++)
+        write_outcomes(out, px, px->models[i]->name);
+    for (const struct model_rt *m = px->removed; m; m = m->next_removed) {
+        bool first = !model_by_name(px, m->name);
+        for (const struct model_rt *o = px->removed; first && o != m; o = o->next_removed)
+            first = strcmp(o->name, m->name) != 0;
+        if (first)
+            write_outcomes(out, px, m->name);
     }
+    size_t cur = 0;
+    const char *rkey;
+    void *rvalue;
+    while (px->retired && strmap_next(px->retired, &cur, &rkey, &rvalue))
+        write_outcomes(out, px, rkey);
 
     expo_family(out, "thaw_activator_held_requests", "gauge", "Requests held, by model.");
     for (size_t i = 0; i < px->nmodels; i++) {

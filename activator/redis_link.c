@@ -16,6 +16,8 @@
 
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
+/* A command unanswered this long: Redis is not answering (redis_link_answering). */
+#define ANSWER_LATE_MS 1000
 #define WATCH_MS 100
 
 struct redis_link {
@@ -34,6 +36,7 @@ struct redis_link {
     redisAsyncContext *ac;
     struct redis_guard_conn guard; /* ac's reply rules: commands sent, replies due */
     bool connected;
+    bool answered; /* a reply came on this connection */
     bool freeing;        /* inside our own redisAsyncFree: ignore callbacks */
     int64_t connect_started_ms;
     size_t pending;      /* commands without a reply yet */
@@ -154,7 +157,10 @@ static void on_connect(const redisAsyncContext *ac, int status)
         return;
     }
     l->connected = true;
-    l->backoff_ms = BACKOFF_MIN_MS;
+    l->answered = false;
+    /* The backoff resets on the first good reply, not here: a Redis that
+     * accepts connections and never answers (stopped, or a proxy in front
+     * of a dead one) would otherwise be reconnected to every timeout. */
     l->stats.connects++;
     LOG_INFO("redis_up", "host=%s port=%d", l->host, l->port);
     if (l->cb)
@@ -177,6 +183,11 @@ static bool account_reply(struct redis_link *l, const redisReply *reply)
     /* Replies arrive in order, so the next pending command was sent no
      * earlier than now minus the watch period; restart its clock. */
     l->oldest_pending_ms = clock_mono_ms();
+    if (reply) {
+        l->answered = true;
+        if (reply->type != REDIS_REPLY_ERROR)
+            l->backoff_ms = BACKOFF_MIN_MS;
+    }
     if (!reply || reply->type == REDIS_REPLY_ERROR) {
         l->stats.failures++;
         if (reply)
@@ -364,6 +375,12 @@ void redis_link_free(struct redis_link *l)
 }
 
 bool redis_link_up(const struct redis_link *l) { return l && l->connected; }
+
+bool redis_link_answering(const struct redis_link *l)
+{
+    return l && l->connected && l->answered &&
+           !(l->pending > 0 && clock_mono_ms() - l->oldest_pending_ms > ANSWER_LATE_MS);
+}
 
 int redis_link_wake(struct redis_link *l, const char *model)
 {

@@ -87,7 +87,7 @@ test('drain deadline: held requests get 503, cut streams end, still exit 0', asy
   await fa.stop();
 });
 
-test('SIGTERM while idle on a kept-alive connection: a late request is refused 503', async () => {
+test('SIGTERM while idle on a kept-alive connection: a late request is refused 503; SIGHUP is ignored', async () => {
   const pa = await freePort();
   const fa = await startFakeVllm({ model: 'ka', port: pa, waitReady: true });
   const act = await startActivator({ limits: { drainTimeoutSeconds: 2 }, models: [modelCfg('ka', pa)] });
@@ -102,6 +102,12 @@ test('SIGTERM while idle on a kept-alive connection: a late request is refused 5
   await sleep(100);
   act.proc.proc.kill('SIGTERM');
   await act.proc.waitForLog(/event=draining/);
+  // A draining proxy takes no new config: a model it would add would hold
+  // and wake for an instance on its way out.
+  act.writeConfig({ limits: { drainTimeoutSeconds: 2 }, models: [modelCfg('ka', pa), modelCfg('kb', pa)] });
+  act.proc.proc.kill('SIGHUP');
+  await act.proc.waitForLog(/event=reload_ignored reason="draining"/);
+  assert.ok(!/config_reloaded/.test(act.proc.output()), 'reloaded while draining');
   const body = JSON.stringify({ model: 'ka', prompt: 'x' });
   s.write(`Content-Length: ${body.length}\r\n\r\n${body}`);
   await closed;

@@ -301,6 +301,46 @@ test('Redis down: a cold model still wakes; the activator posts the wake to thaw
   }
 });
 
+test('Redis frozen (accepts connections, never answers): the link backs off, and the direct wake is renewed as when Redis is down', async (t) => {
+  const frozen = await startRedis();
+  const deadPort = await freePort();
+  const fz = await startActivator({ limits: { drainTimeoutSeconds: 1 }, models: [{ name: 'fp-f',
+    backend: `http://127.0.0.1:${deadPort}`, probeInitialMs: 20, probeMaxMs: 200, holdTimeoutSeconds: 60 }] },
+  { redisUrl: frozen.url, instanceId: 'act-frozen',
+    args: ['--redis-timeout-ms', '500', '--scaler-wake-url', `http://127.0.0.1:${scaler.httpPort}`] });
+  const wakes = async () => metricSum(await fz.metrics(), 'thaw_activator_scaler_wakes_total', { result: 'sent' });
+  let stopped = false;
+  try {
+    await waitUntil(async () => metricSum(await fz.metrics(), 'thaw_activator_redis_up') === 1, 5000,
+      { what: 'Redis up' });
+    // Caught: it is answered 503 at the drain below.
+    const held = complete(fz.port, 'fp-f', { timeoutMs: 30000 }).catch((e) => ({ status: e.message }));
+    await waitUntil(async () => (await wakes()) === 1, 2000, { what: 'the first post' });
+    frozen.process.proc.kill('SIGSTOP');
+    stopped = true;
+    const mark = fz.proc.mark();
+    const w0 = await wakes();
+    await sleep(6000);
+    const posts = (await wakes()) - w0;
+    const ups = fz.proc.output().split('\n').slice(mark).filter((l) => /event=redis_up/.test(l)).length;
+    t.diagnostic(`6 s frozen: ${posts} wake posts, ${ups} reconnections`);
+    // Connected but unanswered counts as down for the renewal (it was 1 in
+    // 5 s when only a refused connection did).
+    assert.ok(posts >= 4, `${posts} posts in 6 s`);
+    // The backoff grows (0.1, 0.2, 0.4 s...) instead of resetting at each
+    // connect: 10 reconnections in 6 s at the 0.5 s timeout before.
+    assert.ok(ups <= 6, `${ups} reconnections in 6 s`);
+    frozen.process.proc.kill('SIGCONT');
+    stopped = false;
+    await fz.stop();
+    assert.equal((await held).status, 503);
+  } finally {
+    if (stopped) frozen.process.proc.kill('SIGCONT');
+    await fz.stop().catch(() => {});
+    await frozen.stop();
+  }
+});
+
 /** CPU ticks (utime + stime, 1/100 s) used by pid so far. */
 function cpuTicks(pid) {
   const stat = fs.readFileSync(`/proc/${pid}/stat`, 'utf8');
