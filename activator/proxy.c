@@ -212,6 +212,9 @@ struct proxy {
      * the sum of outcomes across reloads. */
     struct strmap *retired;
     bool retired_full_logged;
+    /* Names whose thaw:held field outlived their model (freed while Redis
+     * was down): deleted once it is back (value unused). */
+    struct strmap *hdel_pending;
     struct evdns_base *dns;
     char *dns_server; /* nameserver instead of resolv.conf's, or NULL */
     struct redis_link *redis;
@@ -1639,18 +1642,13 @@ static void on_backend_down(void *ud, enum backend_down_reason why)
     model_apply(m, act);
 }
 
-/* Writes the hold queue to thaw:held:<model>: all of it as held (a wake is
- * wanted) unless the model is ready, then all of it as queued; and the
- * requests in the model's backends, the most at once over this refresh
- * interval and the one before (the scaler's idle signal with idleSignal
- * activators: the last one's end is seen within two refreshes, where the
- * token rate shows it a window later). refresh: called by the 1 s tick, which
- * starts a new interval. */
-static void publish_held_at(struct model_rt *m, bool refresh)
+/* What one instance of a model carries, added to the sums: held (waiting
+ * for the model to wake), queued (ready, waiting for a slot) and in a
+ * backend (the most at once over this refresh interval and the one before);
+ * rotate starts a new interval. */
+static void carried_add(struct model_rt *m, bool rotate, size_t *held, size_t *queued,
+                        size_t *inflight)
 {
-    struct proxy *px = m->px;
-    if (!px->redis || !redis_link_up(px->redis))
-        return;
     /* Ready: the queue waits for a free slot at the concurrency cap (or a
      * socket), a serving backlog; otherwise it waits for the model to wake,
      * and so do the requests its fallback serves meanwhile (counted there,
@@ -1658,22 +1656,69 @@ static void publish_held_at(struct model_rt *m, bool refresh)
     bool ready = m->sm.state == MODEL_READY;
     size_t n = ready ? m->hq.count : model_waiting(m);
     unsigned now_in = m->inflight - m->fallback_inflight;
-    size_t inflight = now_in;
-    if (m->inflight_peak > inflight)
-        inflight = m->inflight_peak;
-    if (m->inflight_peak_prev > inflight)
-        inflight = m->inflight_peak_prev;
-    if (refresh) {
+    size_t f = now_in;
+    if (m->inflight_peak > f)
+        f = m->inflight_peak;
+    if (m->inflight_peak_prev > f)
+        f = m->inflight_peak_prev;
+    if (rotate) {
         m->inflight_peak_prev = m->inflight_peak;
         m->inflight_peak = now_in;
     }
-    if (n == 0 && inflight == 0 && !m->held_published)
+    *(ready ? queued : held) += n;
+    *inflight += f;
+}
+
+/* Writes thaw:held:<model> (this instance's field): all of it as held (a
+ * wake is wanted) unless the model is ready, then all of it as queued; and
+ * the requests in the model's backends (the scaler's idle signal with
+ * idleSignal activators: the last one's end is seen within two refreshes,
+ * where the token rate shows it a window later). The field is one per
+ * name: the configured model and the removed ones of that name still
+ * carrying requests share it, so it holds their sum, written by the lead
+ * (the configured one, else the first removed). refresh: called by the 1 s
+ * tick for every instance, which starts a new interval. */
+static void publish_held_at(struct model_rt *m, bool refresh)
+{
+    struct proxy *px = m->px;
+    if (!px->redis || !redis_link_up(px->redis))
         return;
-    size_t held = ready ? 0 : n;
-    size_t queued = ready ? n : 0;
-    if (redis_link_held(px->redis, m->name, held, queued, inflight, m->mc->late_after_ms,
-                        clock_unix_ms()) == 0)
-        m->held_published = n > 0 || inflight > 0;
+    size_t held = 0, queued = 0, inflight = 0;
+    bool published = false, m_counted = false;
+    struct model_rt *lead = model_by_name(px, m->name);
+    if (lead) {
+        carried_add(lead, refresh && lead == m, &held, &queued, &inflight);
+        published |= lead->held_published;
+        m_counted |= lead == m;
+    }
+    for (struct model_rt *o = px->removed; o; o = o->next_removed) {
+        if (strcmp(o->name, m->name) != 0)
+            continue;
+        if (!lead)
+            lead = o;
+        carried_add(o, refresh && o == m, &held, &queued, &inflight);
+        published |= o->held_published;
+        m_counted |= o == m;
+    }
+    if (!m_counted) { /* a removed model being freed */
+        carried_add(m, false, &held, &queued, &inflight);
+        published |= m->held_published;
+        if (!lead)
+            lead = m;
+    }
+    if (refresh && lead != m)
+        return; /* the lead's own refresh writes the sum */
+    if (held == 0 && queued == 0 && inflight == 0 && !published)
+        return;
+    if (redis_link_held(px->redis, m->name, held, queued, inflight, lead->mc->late_after_ms,
+                        clock_unix_ms()) != 0)
+        return;
+    bool set = held > 0 || queued > 0 || inflight > 0;
+    for (struct model_rt *o = px->removed; o; o = o->next_removed)
+        if (strcmp(o->name, m->name) == 0)
+            o->held_published = false;
+    m->held_published = false;
+    lead->held_published = set;
 }
 
 static void publish_held(struct model_rt *m) { publish_held_at(m, false); }
@@ -2407,6 +2452,11 @@ static void retire_outcomes(struct proxy *px, struct model_rt *m)
         heir->routed |= m->routed;
         return;
     }
+    bool any = m->routed;
+    for (int o = 0; o < PROXY_OUTCOME_COUNT && !any; o++)
+        any = m->outcomes[o] != 0;
+    if (!any)
+        return; /* nothing to keep: no series for a model that never served */
     struct retired_outcomes *r = px->retired ? strmap_get(px->retired, m->name) : NULL;
     if (!r) {
         if (!px->retired && !(px->retired = strmap_new()))
@@ -2440,6 +2490,56 @@ static void inherit_outcomes(struct proxy *px, struct model_rt *m)
     thaw_free(r);
 }
 
+/* m, being freed, still has its field in Redis (the link was down): a
+ * namesake takes it over, else its name waits in hdel_pending. */
+static void hdel_later(struct proxy *px, struct model_rt *m)
+{
+    struct model_rt *heir = model_by_name(px, m->name);
+    for (struct model_rt *o = px->removed; o && !heir; o = o->next_removed)
+        if (o != m && strcmp(o->name, m->name) == 0)
+            heir = o;
+    if (heir) {
+        heir->held_published = true;
+        return;
+    }
+    if (!px->hdel_pending && !(px->hdel_pending = strmap_new()))
+        return;
+    if (strmap_get(px->hdel_pending, m->name))
+        return;
+    if (strmap_count(px->hdel_pending) >= RETIRED_MAX ||
+        strmap_put(px->hdel_pending, m->name, px) < 0)
+        LOG_WARN("held_field_left", "model=%s reason=\"too many fields to delete once Redis "
+                 "is back\"", m->name);
+}
+
+/* Redis is there: the fields of models freed while it was not go now, unless
+ * a model of that name came back (it owns the field again). */
+static void hdel_pending_flush(struct proxy *px)
+{
+    if (!px->hdel_pending || !strmap_count(px->hdel_pending) || !redis_link_up(px->redis))
+        return;
+    const char *done[64];
+    size_t ndone = 0;
+    size_t cur = 0;
+    const char *name;
+    void *value;
+    while (ndone < 64 && strmap_next(px->hdel_pending, &cur, &name, &value)) {
+        struct model_rt *o = model_by_name(px, name);
+        for (struct model_rt *r = px->removed; r && !o; r = r->next_removed)
+            if (strcmp(r->name, name) == 0)
+                o = r;
+        if (o)
+            o->held_published = true;
+        else if (redis_link_held(px->redis, name, 0, 0, 0, 0, clock_unix_ms()) != 0)
+            break;
+        done[ndone++] = name;
+    }
+    /* Removed after the walk. Each key is the map's own copy, looked up
+     * before it is freed, and removing one does not free the others. */
+    for (size_t i = 0; i < ndone; i++)
+        strmap_remove(px->hdel_pending, done[i]);
+}
+
 static bool config_owns(const struct config *cfg, const struct model_config *mc)
 {
     return mc >= cfg->models && mc < cfg->models + cfg->nmodels;
@@ -2453,8 +2553,11 @@ static void free_removed(struct proxy *px)
             *pp = m->next_removed;
             LOG_INFO("model_removed", "model=%s", m->name);
             /* Its thaw:held field goes with it, not left to go stale (the
-             * scaler would take it for a silent activator). */
+             * scaler would take it for a silent activator): now, or by a
+             * namesake, or once Redis is back. */
             publish_drained(m);
+            if (m->held_published)
+                hdel_later(px, m);
             retire_outcomes(px, m);
             model_free(m);
         } else {
@@ -2653,6 +2756,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
          * scaler must go on seeing them, then see them end. */
         for (struct model_rt *m = px->removed; m; m = m->next_removed)
             publish_held_at(m, true);
+        hdel_pending_flush(px);
     }
 }
 
@@ -2817,6 +2921,7 @@ void proxy_free(struct proxy *px)
             thaw_free(value);
         strmap_free(px->retired);
     }
+    strmap_free(px->hdel_pending);
     while (px->old_cfgs) {
         struct old_config *o = px->old_cfgs;
         px->old_cfgs = o->next;
@@ -2948,6 +3053,25 @@ int proxy_reload(struct proxy *px, struct config *cfg)
             return -1;
         }
     }
+    /* The new set is in place before any backend is reconfigured: a backend
+     * going down wakes its model's wakeWith, which may be new too. */
+    struct model_rt **old_models = px->models;
+    size_t old_n = px->nmodels;
+    px->models = models;
+    px->nmodels = cfg->nmodels;
+    route_table_free(px->routes);
+    px->routes = routes;
+    for (size_t k = 0; k < old_n; k++) {
+        if (kept[k])
+            continue;
+        struct model_rt *m = old_models[k];
+        m->removed = true;
+        model_apply(m, model_sm_handle(&m->sm, MEV_DRAIN, now_ms(), model_waiting(m)));
+        m->next_removed = px->removed;
+        px->removed = m;
+    }
+    thaw_free(kept);
+    thaw_free(old_models);
     for (size_t i = 0; i < cfg->nmodels; i++) {
         struct model_rt *m = models[i];
         const struct model_config *mc = &cfg->models[i];
@@ -2960,21 +3084,6 @@ int proxy_reload(struct proxy *px, struct config *cfg)
             LOG_ERROR("fallback_reconfigure_failed", "model=%s", m->name);
         arm_fallback_timer(m);
     }
-    for (size_t k = 0; k < px->nmodels; k++) {
-        if (kept[k])
-            continue;
-        struct model_rt *m = px->models[k];
-        m->removed = true;
-        model_apply(m, model_sm_handle(&m->sm, MEV_DRAIN, now_ms(), model_waiting(m)));
-        m->next_removed = px->removed;
-        px->removed = m;
-    }
-    thaw_free(kept);
-    thaw_free(px->models);
-    px->models = models;
-    route_table_free(px->routes);
-    px->routes = routes;
-    px->nmodels = cfg->nmodels;
     old->cfg = prev;
     old->next = px->old_cfgs;
     px->old_cfgs = old;

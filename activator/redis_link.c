@@ -36,7 +36,7 @@ struct redis_link {
     redisAsyncContext *ac;
     struct redis_guard_conn guard; /* ac's reply rules: commands sent, replies due */
     bool connected;
-    bool answered; /* a reply came on this connection */
+    bool answered; /* the last reply on this connection was not an error */
     bool freeing;        /* inside our own redisAsyncFree: ignore callbacks */
     int64_t connect_started_ms;
     size_t pending;      /* commands without a reply yet */
@@ -183,11 +183,11 @@ static bool account_reply(struct redis_link *l, const redisReply *reply)
     /* Replies arrive in order, so the next pending command was sent no
      * earlier than now minus the watch period; restart its clock. */
     l->oldest_pending_ms = clock_mono_ms();
-    if (reply) {
-        l->answered = true;
-        if (reply->type != REDIS_REPLY_ERROR)
-            l->backoff_ms = BACKOFF_MIN_MS;
-    }
+    /* An error reply (NOAUTH, READONLY after a failover) means what we
+     * write does not land: not answering, for the direct wake. */
+    l->answered = reply && reply->type != REDIS_REPLY_ERROR;
+    if (l->answered)
+        l->backoff_ms = BACKOFF_MIN_MS;
     if (!reply || reply->type == REDIS_REPLY_ERROR) {
         l->stats.failures++;
         if (reply)

@@ -64,9 +64,10 @@ struct redis_link *redis_link_new(struct event_base *base, const char *url,
 void redis_link_free(struct redis_link *l);
 
 bool redis_link_up(const struct redis_link *l);
-/* Up, a reply has come on this connection, and no command has waited for
- * one over a second: what a wake or a held count sent now would reach the
- * scaler. False for a Redis that accepts connections but does not answer. */
+/* Up, the last reply on this connection was not an error, and no command
+ * has waited for one over a second: what a wake or a held count sent now
+ * would reach the scaler. False for a Redis that accepts connections but
+ * does not answer, or answers only errors (NOAUTH, READONLY). */
 bool redis_link_answering(const struct redis_link *l);
 
 /* PUBLISH thaw:wake model. Returns 0 if sent, -1 if the link is down. */

@@ -358,8 +358,10 @@ static void answer_or_wait(struct scaler_service *svc, struct grpc_call *call, s
 {
     bool get_metrics = metric_name != NULL;
     /* Not while a source is failing: the reading would not come in time;
-     * nor once every source answered without a reading (a NaN series). */
-    bool must_wait = target_first_read_due(t) &&
+     * nor once every source answered without a reading (a NaN series); nor
+     * while shutting down (the waits were answered, and nothing would end a
+     * new one). */
+    bool must_wait = svc->serving && target_first_read_due(t) &&
                      (get_metrics || !target_decision(t)->active) &&
                      !scaler_state_source_failing(svc->st);
     struct pending_call *p = NULL;

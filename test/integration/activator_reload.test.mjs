@@ -1,0 +1,218 @@
+// thaw-activator config reloads that remove and re-add models while they carry
+// requests, against a real Redis: one thaw:held field per name (the sum of
+// the configured model and its removed namesakes), fields deleted even when
+// Redis was away at the time, outcome counts kept per name without a series
+// for names that never served, and wakeWith models added by the same reload.
+import net from 'node:net';
+import { after, before, test } from 'node:test';
+
+import {
+  assert, assertAccounted, complete, freePort, metricSum, sleep, startActivator, startFakeVllm,
+  waitUntil,
+} from './activator_lib.mjs';
+import { startRedis } from './lib/harness.mjs';
+
+let redis;
+before(async () => { redis = await startRedis(); });
+after(async () => { await redis?.stop(); });
+
+const modelCfg = (name, port, extra = {}) => (
+  { name, backend: `http://127.0.0.1:${port}`, probeInitialMs: 5, probeMaxMs: 20, ...extra });
+
+/** Caught: a failing assertion stops the activator under pending requests. */
+const settle = (p) => p.catch((e) => ({ status: `error ${e.message}` }));
+
+async function reload(act, cfg) {
+  const since = act.proc.mark();
+  act.writeConfig(cfg);
+  act.proc.proc.kill('SIGHUP');
+  await act.proc.waitForLog(/event=config_reloaded/, 20000, { since });
+}
+
+/** Series of /metrics that appear more than once (same name and labels). */
+function duplicateSeries(text) {
+  const seen = new Map();
+  for (const l of text.split('\n')) {
+    if (!l || l.startsWith('#')) continue;
+    const k = l.slice(0, l.lastIndexOf(' '));
+    seen.set(k, (seen.get(k) ?? 0) + 1);
+  }
+  return [...seen].filter(([, n]) => n > 1).map(([k]) => k);
+}
+
+test('a removed model and its re-added namesake share one thaw:held field: their sum, never deleted while either holds', async () => {
+  const [deadPort, keepPort] = [await freePort(), await freePort()];
+  const keep = modelCfg('rk', keepPort);
+  const act = await startActivator({ models: [keep, modelCfg('rx', deadPort, { holdTimeoutSeconds: 5 })] },
+    { redisUrl: redis.url, instanceId: 'act-share' });
+  const field = async () => (await redis.cli('HGET', 'thaw:held:rx', 'act-share')) || null;
+  try {
+    const old = settle(complete(act.port, 'rx', { timeoutMs: 20000 }));
+    await waitUntil(async () => (await field())?.startsWith('1:'), 3000, { what: 'held 1' });
+    await reload(act, { models: [keep] });
+    await reload(act, { models: [keep, modelCfg('rx', deadPort, { holdTimeoutSeconds: 12 })] });
+    const fresh = Array.from({ length: 3 }, () => settle(complete(act.port, 'rx', { timeoutMs: 20000 })));
+    // The removed instance's 1 and the new one's 3, from the next refresh on.
+    await waitUntil(async () => (await field())?.startsWith('4:'), 3000, { what: 'held 4 (1 + 3)' });
+    await sleep(1200);
+    assert.match(await field(), /^4:/, 'the sum stays');
+    // The removed one's hold times out: the field goes to 3, not away.
+    assert.equal((await old).status, 504);
+    await waitUntil(async () => (await field())?.startsWith('3:'), 2000, { what: 'held 3' });
+    await act.proc.waitForLog(/event=model_removed model=rx/, 3000);
+    assert.match(await field(), /^3:/, 'not deleted while the live model holds');
+    for (const r of await Promise.all(fresh)) assert.equal(r.status, 504);
+    await waitUntil(async () => (await field()) === null, 3000, { what: 'deleted once nothing is held' });
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+  }
+});
+
+test('remove, re-add, remove, re-add while each instance carries a request: one series per name, counts kept', async () => {
+  const [deadPort, keepPort] = [await freePort(), await freePort()];
+  const withX = { models: [modelCfg('rk', keepPort), modelCfg('rx', deadPort, { holdTimeoutSeconds: 10 })] };
+  const withoutX = { models: [modelCfg('rk', keepPort)] };
+  const act = await startActivator(withX, { redisUrl: redis.url, instanceId: 'act-acc' });
+  const hold = async () => {
+    const p = settle(complete(act.port, 'rx', { timeoutMs: 20000 }));
+    await waitUntil(async () => (await act.model('rx'))?.held === 1, 3000, { what: 'held' });
+    return p;
+  };
+  const noDuplicates = async (what) => assert.deepEqual(duplicateSeries(await act.metricsText()), [], what);
+  const timeouts = async () => metricSum(await act.metrics(), 'thaw_activator_requests_total',
+    { model: 'rx', outcome: 'hold_timeout' });
+  try {
+    const a = await hold();
+    await reload(act, withoutX);
+    await reload(act, withX);
+    const b = await hold();
+    await reload(act, withoutX);
+    await noDuplicates('two removed instances of rx');
+    await reload(act, withX);
+    const c = await hold();
+    await noDuplicates('two removed instances and the configured one');
+    for (const r of await Promise.all([a, b, c])) assert.equal(r.status, 504);
+    await assertAccounted(act);
+    assert.equal(await timeouts(), 3);
+    await reload(act, withoutX);
+    await noDuplicates('rx removed, idle');
+    assert.equal(await timeouts(), 3);
+    await reload(act, withX);
+    await reload(act, withoutX);
+    await reload(act, withX);
+    assert.equal(await timeouts(), 3);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+  }
+});
+
+test('models removed without ever serving leave no series behind; a served one keeps its counts', async () => {
+  const deadPort = await freePort();
+  const base = [modelCfg('keep', deadPort, { holdTimeoutSeconds: 1 })];
+  const act = await startActivator({ models: base });
+  try {
+    await reload(act, { models: [...base, ...Array.from({ length: 2000 }, (_, i) => modelCfg(`d${i}`, deadPort))] });
+    await reload(act, { models: base });
+    const series = (await act.metricsText()).split('\n').filter((l) => /^thaw_activator_requests_total\{model="d\d+"/.test(l));
+    assert.deepEqual(series, []);
+    await reload(act, { models: [...base, modelCfg('served', deadPort, { holdTimeoutSeconds: 1 })] });
+    assert.equal((await complete(act.port, 'served', { timeoutMs: 10000 })).status, 504);
+    await reload(act, { models: base });
+    await act.proc.waitForLog(/event=model_removed model=served/, 3000);
+    assert.equal(metricSum(await act.metrics(), 'thaw_activator_requests_total',
+      { model: 'served', outcome: 'hold_timeout' }), 1);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+  }
+});
+
+/** A TCP proxy to Redis that can be cut (every connection closed, no listener) and reopened. */
+function tcpProxy(targetPort) {
+  const socks = new Set();
+  let server = null;
+  const p = {
+    port: 0,
+    async open() {
+      server = net.createServer((c) => {
+        const u = net.connect(targetPort, '127.0.0.1');
+        socks.add(c);
+        socks.add(u);
+        c.pipe(u);
+        u.pipe(c);
+        const end = () => { c.destroy(); u.destroy(); socks.delete(c); socks.delete(u); };
+        for (const s of [c, u]) { s.on('error', end); s.on('close', end); }
+      });
+      await new Promise((r) => server.listen(p.port, '127.0.0.1', r));
+      p.port = server.address().port;
+    },
+    async cut() {
+      for (const s of socks) s.destroy();
+      socks.clear();
+      if (server?.listening) await new Promise((r) => server.close(r));
+    },
+  };
+  return p;
+}
+
+test('a removed model freed while Redis is unreachable: its thaw:held field is deleted once Redis is back', async () => {
+  const deadPort = await freePort();
+  const proxy = tcpProxy(redis.port);
+  await proxy.open();
+  const base = [modelCfg('keep', deadPort)];
+  const act = await startActivator({ models: [...base, modelCfg('rs', deadPort, { holdTimeoutSeconds: 3 })] },
+    { redisUrl: `redis://127.0.0.1:${proxy.port}`, instanceId: 'act-stale' });
+  const field = async () => (await redis.cli('HGET', 'thaw:held:rs', 'act-stale')) || null;
+  try {
+    const held = settle(complete(act.port, 'rs', { timeoutMs: 20000 }));
+    await waitUntil(async () => (await field())?.startsWith('1:'), 3000, { what: 'held 1' });
+    const since = act.proc.mark();
+    await reload(act, { models: base });
+    await proxy.cut();
+    await act.proc.waitForLog(/event=redis_down/, 3000, { since });
+    assert.equal((await held).status, 504);
+    await act.proc.waitForLog(/event=model_removed model=rs/, 3000, { since });
+    assert.match(await field(), /^1:/, 'left while Redis was away');
+    const back = act.proc.mark();
+    await proxy.open();
+    await act.proc.waitForLog(/event=redis_up/, 8000, { since: back });
+    await waitUntil(async () => (await field()) === null, 3000, { what: 'deleted once Redis is back' });
+  } finally {
+    await act.stop();
+    await proxy.cut();
+  }
+});
+
+test('a reload that adds wb and moves wa (wakeWith [wb], a request queued) to a dead backend wakes wb', async () => {
+  const aPort = await freePort();
+  const fa = await startFakeVllm({ model: 'wa', port: aPort, waitReady: true, tokensPerSecond: 20 });
+  const [deadPort, bPort] = [await freePort(), await freePort()];
+  const limits = { drainTimeoutSeconds: 2 };
+  const act = await startActivator({ limits, models: [modelCfg('wa', aPort, { maxConcurrencyPerEndpoint: 1 })] },
+    { redisUrl: redis.url, instanceId: 'act-ww' });
+  let fa2 = null;
+  try {
+    assert.equal((await complete(act.port, 'wa')).status, 200);
+    const streaming = settle(complete(act.port, 'wa', { stream: true, maxTokens: 40, timeoutMs: 20000 }));
+    await sleep(200);
+    const queued = settle(complete(act.port, 'wa', { timeoutMs: 20000 }));
+    await waitUntil(async () => (await act.model('wa')).held === 1, 3000, { what: 'queued at the cap' });
+    const since = act.proc.mark();
+    act.writeConfig({ limits, models: [modelCfg('wa', deadPort, { maxConcurrencyPerEndpoint: 1, wakeWith: ['wb'] }),
+      modelCfg('wb', bPort)] });
+    act.proc.proc.kill('SIGHUP');
+    await act.proc.waitForLog(/event=config_reloaded models=2/, 3000, { since });
+    await act.proc.waitForLog(/event=model_state model=wa from=ready to=waking/, 3000, { since });
+    await act.proc.waitForLog(/event=model_state model=wb from=cold to=waking event=wake/, 2000, { since });
+    fa2 = await startFakeVllm({ model: 'wa', port: deadPort });
+    assert.equal((await streaming).status, 200);
+    assert.equal((await queued).status, 200);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await fa.stop();
+    await fa2?.stop();
+  }
+});
