@@ -81,6 +81,7 @@ struct backend {
 
     struct event *refresh_timer; /* DNS refresh or file poll */
     struct dns_job *dns_job;
+    int dns_last_result; /* of the last lookup, logged when it changes (0: addresses) */
     struct stat file_st;
     bool file_seen;
 
@@ -434,9 +435,24 @@ static void dns_cb(int result, struct evutil_addrinfo *res, void *arg)
         return;
     }
     b->dns_job = NULL;
-    if (result != 0) {
-        /* Keep the last good list: a resolver hiccup must not empty it. */
-        LOG_WARN("dns_failed", "host=%s err=\"%s\"", b->host, evutil_gai_strerror(result));
+    bool changed = result != b->dns_last_result;
+    b->dns_last_result = result;
+    if (result == EVUTIL_EAI_NONAME || result == EVUTIL_EAI_NODATA) {
+        /* The name is not there (NXDOMAIN), or lists no address: the model
+         * has no replica, as with an empty endpoints file; its old
+         * addresses may be another pod's by now. (libevent 2.1 reports a
+         * NOERROR answer without addresses as EVUTIL_EAI_FAIL, like a
+         * SERVFAIL: that one keeps the list.) */
+        if (changed)
+            LOG_INFO("dns_no_addresses", "host=%s err=\"%s\"", b->host,
+                     evutil_gai_strerror(result));
+        merge(b, NULL, NULL, 0);
+    } else if (result != 0) {
+        /* Keep the last good list: a resolver hiccup (SERVFAIL, a timeout,
+         * a truncated answer) must not empty it. Logged once a reason. */
+        if (changed)
+            LOG_WARN("dns_failed", "host=%s err=\"%s\" kept_last_good=true", b->host,
+                     evutil_gai_strerror(result));
     } else {
         size_t n = 0;
         for (struct evutil_addrinfo *a = res; a; a = a->ai_next)

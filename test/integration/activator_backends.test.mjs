@@ -363,7 +363,7 @@ test('DNS backend: a host name resolved by the activator (localhost via /etc/hos
  */
 async function startDns(name) {
   const sock = dgram.createSocket('udp4');
-  const dns = { addrs: [], queries: 0 };
+  const dns = { addrs: [], queries: 0, nxdomain: false };
   sock.on('message', (msg, rinfo) => {
     if (msg.length < 12) return;
     let off = 12;
@@ -376,11 +376,11 @@ async function startDns(name) {
     if (qEnd > msg.length) return;
     const qtype = msg.readUInt16BE(off + 1);
     const match = labels.join('.').toLowerCase() === name;
-    const answers = match && qtype === 1 ? dns.addrs : [];
+    const answers = match && qtype === 1 && !dns.nxdomain ? dns.addrs : [];
     if (match && qtype === 1) dns.queries++;
     const head = Buffer.alloc(12);
     head.writeUInt16BE(msg.readUInt16BE(0), 0);
-    head.writeUInt16BE(match ? 0x8580 : 0x8583, 2); // QR AA RD RA; NXDOMAIN for other names
+    head.writeUInt16BE(match && !dns.nxdomain ? 0x8580 : 0x8583, 2); // QR AA RD RA; NXDOMAIN for other names
     head.writeUInt16BE(1, 4);
     head.writeUInt16BE(answers.length, 6);
     const rrs = answers.map((ip) => {
@@ -427,6 +427,49 @@ test('DNS backend, waking: the name is re-resolved every dnsRefreshWakingSeconds
     const afterReady = dns.queries;
     await sleep(1500);
     assert.ok(dns.queries - afterReady <= 1, `${dns.queries - afterReady} queries once ready`);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await fv.stop();
+    await dns.close();
+  }
+});
+
+test('DNS backend scaled to zero: a name that is not there (NXDOMAIN) empties the endpoints; the model goes cold', async () => {
+  const dns = await startDns('z.thaw.test');
+  dns.addrs = ['127.0.0.1'];
+  const port = await freePort();
+  let fv = await startFakeVllm({ model: 'dnsz', port, waitReady: true });
+  const act = await startActivator(
+    { models: [{ name: 'dnsz', backend: `http://z.thaw.test:${port}`, dnsRefreshSeconds: 0.2,
+      holdTimeoutSeconds: 20, ...fast }] },
+    { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
+  try {
+    // libevent 2.1 reports a NOERROR answer without addresses as it does a
+    // SERVFAIL: that case keeps the last list (docs/activator.md).
+    for (const how of ['NXDOMAIN', 'NXDOMAIN again']) {
+      assert.equal((await complete(act.port, 'dnsz')).status, 200, how);
+      assert.equal((await act.model('dnsz')).state, 'ready', how);
+      // The replica goes, and the name with it. The old address must not
+      // stay healthy: it may be another pod's by now.
+      const mark = act.proc.mark();
+      await fv.stop();
+      dns.nxdomain = true;
+      await act.proc.waitForLog(/event=model_state model=dnsz from=ready to=cold event=endpoints_gone/, 3000,
+        { since: mark });
+      assert.deepEqual((await act.model('dnsz')).endpoints, [], how);
+      await sleep(1000); // five more lookups: one line, not one each
+      const lines = act.proc.output().split('\n').slice(mark).filter((l) => /event=dns_/.test(l));
+      assert.equal(lines.length, 1, lines.join('\n'));
+      assert.match(lines[0], /event=dns_no_addresses host=z.thaw.test/);
+      // A request wakes it; the replica comes back under the name.
+      const pending = complete(act.port, 'dnsz', { timeoutMs: 20000 });
+      await waitUntil(async () => (await act.model('dnsz')).held === 1, 3000, { what: `held (${how})` });
+      fv = await startFakeVllm({ model: 'dnsz', port, waitReady: true });
+      dns.nxdomain = false;
+      dns.addrs = ['127.0.0.1'];
+      assert.equal((await pending).status, 200, how);
+    }
     await assertAccounted(act);
   } finally {
     await act.stop();
