@@ -349,7 +349,7 @@ static int merge(struct backend *b, const struct sockaddr_storage *addrs, const 
             probe_fire(eps[i]);
     }
     if (healthy_before > 0 && b->stats.healthy == 0 && b->cbs.on_down)
-        b->cbs.on_down(b->ud, BACKEND_DOWN_LIST);
+        b->cbs.on_down(b->ud, m > 0 ? BACKEND_DOWN_REPLACED : BACKEND_DOWN_LIST);
     return 0;
 }
 

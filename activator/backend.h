@@ -35,6 +35,7 @@ struct endpoint;
 enum backend_down_reason {
     BACKEND_DOWN_REQUEST, /* a request found the last healthy endpoint dead */
     BACKEND_DOWN_LIST,    /* the endpoint list lost its last healthy endpoint */
+    BACKEND_DOWN_REPLACED, /* ... to new ones, not probed yet (a rolling update) */
 };
 
 struct backend_callbacks {

@@ -38,6 +38,8 @@ const char *model_event_to_str(enum model_event e)
         return "tick";
     case MEV_DRAIN:
         return "drain";
+    case MEV_ENDPOINTS_REPLACED:
+        return "endpoints_replaced";
     }
     return "unknown";
 }
@@ -58,8 +60,9 @@ static void transition(struct model_sm *sm, enum model_state to, enum model_even
 {
     enum model_state from = sm->state;
     sm->transitions[from][to]++;
-    if (from == MODEL_WAKING && to == MODEL_READY)
+    if (from == MODEL_WAKING && to == MODEL_READY && !sm->replacing)
         sm->cold_starts++;
+    sm->replacing = to == MODEL_WAKING && ev == MEV_ENDPOINTS_REPLACED;
     LOG_INFO("model_state", "model=%s from=%s to=%s event=%s after_ms=%lld", sm->name,
              model_state_to_str(from), model_state_to_str(to), model_event_to_str(ev),
              (long long)(now_ms - sm->since_ms));
@@ -89,6 +92,7 @@ static unsigned on_cold(struct model_sm *sm, enum model_event ev, int64_t now_ms
         return held ? MACT_PROBE_START : 0;
     case MEV_BACKEND_DOWN:
     case MEV_ENDPOINTS_GONE:
+    case MEV_ENDPOINTS_REPLACED:
     case MEV_TICK:
         return 0;
     }
@@ -119,6 +123,7 @@ static unsigned on_waking(struct model_sm *sm, enum model_event ev, int64_t now_
     case MEV_WAKE:
     case MEV_BACKEND_DOWN:
     case MEV_ENDPOINTS_GONE:
+    case MEV_ENDPOINTS_REPLACED:
         return 0;
     }
     return 0;
@@ -145,6 +150,11 @@ static unsigned on_ready(struct model_sm *sm, enum model_event ev, int64_t now_m
         }
         transition(sm, MODEL_COLD, ev, now_ms);
         return MACT_PROBE_STOP;
+    case MEV_ENDPOINTS_REPLACED:
+        /* Replicas replaced (a rolling update): not scaled down, so no wake
+         * and no cold start for the scaler; hold until a new one answers. */
+        transition(sm, MODEL_WAKING, ev, now_ms);
+        return MACT_PROBE_START;
     case MEV_DRAIN:
         sm->backend_up = true;
         transition(sm, MODEL_DRAINING, ev, now_ms);
@@ -170,6 +180,7 @@ static unsigned on_draining(struct model_sm *sm, enum model_event ev, int64_t no
         sm->backend_up = true;
         return MACT_RELEASE;
     case MEV_BACKEND_DOWN:
+    case MEV_ENDPOINTS_REPLACED:
         sm->backend_up = false;
         return MACT_PROBE_START;
     case MEV_ENDPOINTS_GONE:

@@ -14,6 +14,8 @@
  *   waking  --tick, nothing held for wake_timeout-->  cold (stop probes)
  *   ready   --backend_down-->        waking   (the scale-down race: hold, re-wake)
  *   ready   --endpoints_gone-->      cold     (scaled to zero: no wake signal)
+ *   ready   --endpoints_replaced-->  waking   (a rolling update seen at once: probe
+ *                                              the new ones, no wake signal)
  *   any     --drain-->               draining
  *
  * Each transition logs one line (event model_state) and bumps a counter. */
@@ -36,8 +38,10 @@ enum model_event {
     MEV_ENDPOINTS_GONE, /* the endpoint list lost its last healthy endpoint (scaled down) */
     MEV_TICK,         /* periodic housekeeping */
     MEV_DRAIN,        /* shutdown or removal from the config */
+    /* the healthy endpoints all left the list, others (not probed yet) came */
+    MEV_ENDPOINTS_REPLACED,
 };
-#define MODEL_EVENT_COUNT 8
+#define MODEL_EVENT_COUNT 9
 
 enum model_action {
     MACT_FORWARD = 1 << 0,     /* send the request to a backend now */
@@ -64,6 +68,7 @@ struct model_sm {
     bool backend_up;        /* draining: whether requests can be forwarded */
     uint64_t transitions[MODEL_STATE_COUNT][MODEL_STATE_COUNT];
     uint64_t cold_starts;   /* waking -> ready */
+    bool replacing; /* waking since endpoints_replaced: its end is no cold start */
 };
 
 void model_sm_init(struct model_sm *sm, const char *name, int64_t wake_timeout_ms, int64_t now_ms);

@@ -1637,7 +1637,9 @@ static void on_backend_healthy(void *ud)
 static void on_backend_down(void *ud, enum backend_down_reason why)
 {
     struct model_rt *m = ud;
-    enum model_event ev = why == BACKEND_DOWN_REQUEST ? MEV_BACKEND_DOWN : MEV_ENDPOINTS_GONE;
+    enum model_event ev = why == BACKEND_DOWN_REQUEST    ? MEV_BACKEND_DOWN
+                          : why == BACKEND_DOWN_REPLACED ? MEV_ENDPOINTS_REPLACED
+                                                         : MEV_ENDPOINTS_GONE;
     unsigned act = model_sm_handle(&m->sm, ev, now_ms(), model_waiting(m));
     model_apply(m, act);
 }

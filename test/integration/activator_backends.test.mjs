@@ -478,6 +478,40 @@ test('DNS backend scaled to zero: a name that is not there (NXDOMAIN) empties th
   }
 });
 
+test('DNS backend, rolling update seen in one answer (every address replaced): the new ones are probed, no wake, no cold start', async () => {
+  const dns = await startDns('r.thaw.test');
+  dns.addrs = ['127.0.0.1'];
+  const port = await freePort();
+  const fv1 = await startFakeVllm({ model: 'dnsr', port, waitReady: true });
+  const act = await startActivator(
+    { models: [{ name: 'dnsr', backend: `http://r.thaw.test:${port}`, dnsRefreshSeconds: 0.2, ...fast }] },
+    { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
+  let fv2 = null;
+  try {
+    assert.equal((await complete(act.port, 'dnsr')).status, 200);
+    const coldStarts = (await act.model('dnsr')).coldStarts;
+    fv2 = await startFakeVllm({ model: 'dnsr', port, host: '127.0.0.2', waitReady: true });
+    const mark = act.proc.mark();
+    dns.addrs = ['127.0.0.2'];
+    await act.proc.waitForLog(/event=model_state model=dnsr from=ready to=waking event=endpoints_replaced/, 3000,
+      { since: mark });
+    await act.proc.waitForLog(/event=model_state model=dnsr from=waking to=ready event=probe_ok/, 3000,
+      { since: mark });
+    const r = await complete(act.port, 'dnsr');
+    assert.equal(r.status, 200);
+    const lines = act.proc.output().split('\n').slice(mark);
+    assert.deepEqual(lines.filter((l) => /event=wake_signal|to=cold/.test(l)), [], 'no wake, never cold');
+    assert.equal((await act.model('dnsr')).coldStarts, coldStarts);
+    assert.deepEqual((await act.model('dnsr')).endpoints.map((e) => e.address), [`127.0.0.2:${port}`]);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await fv1.stop();
+    await fv2?.stop();
+    await dns.close();
+  }
+});
+
 test('--scaler-wake-url with a name: every address it resolves to (each scaler replica) gets POST /wake', async () => {
   const dns = await startDns('scaler.thaw.test');
   dns.addrs = ['127.0.0.1', '127.0.0.2'];

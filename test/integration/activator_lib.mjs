@@ -21,13 +21,13 @@ export function logTs(line) {
 
 /**
  * Starts thaw-fake-vllm. opts: model, port (default: free), loadDelayMs,
- * tokensPerSecond, maxBatch, ttftMs, extra (array of args).
+ * tokensPerSecond, maxBatch, ttftMs, host (to listen on; 127.0.0.1), extra (array of args).
  * Resolves to {proc, port, url, readyAt (epoch ms, once ready), stop()}.
  * waitReady: resolve only after the server logs event=ready.
  */
 export async function startFakeVllm(opts = {}) {
   const port = opts.port ?? await freePort();
-  const args = ['--listen', `127.0.0.1:${port}`, '--model', opts.model ?? 'm1',
+  const args = ['--listen', `${opts.host ?? '127.0.0.1'}:${port}`, '--model', opts.model ?? 'm1',
     '--load-delay-ms', opts.loadDelayMs ?? 0, '--tokens-per-second', opts.tokensPerSecond ?? 1000,
     '--max-batch', opts.maxBatch ?? 256, '--ttft-ms', opts.ttftMs ?? 1,
     ...(opts.extra ?? [])];

@@ -205,6 +205,33 @@ static void test_unforwardable_since(void **state)
     assert_int_equal(sm.unforwardable_since_ms, 60);
 }
 
+/* Every healthy endpoint replaced by new ones (a rolling update seen in one
+ * refresh): waking to probe them, no wake signal, and no cold start when one
+ * answers; a real cold start afterwards still counts. */
+static void test_endpoints_replaced(void **state)
+{
+    (void)state;
+    struct model_sm sm;
+    model_sm_init(&sm, "m9", 1000, 0);
+    assert_int_equal(model_sm_handle(&sm, MEV_ENDPOINTS_REPLACED, 1, 0), 0);
+    assert_int_equal(sm.state, MODEL_COLD);
+    model_sm_handle(&sm, MEV_REQUEST, 2, 1);
+    model_sm_handle(&sm, MEV_PROBE_OK, 3, 1);
+    assert_int_equal(sm.cold_starts, 1);
+    assert_int_equal(model_sm_handle(&sm, MEV_ENDPOINTS_REPLACED, 4, 0), MACT_PROBE_START);
+    assert_int_equal(sm.state, MODEL_WAKING);
+    assert_int_equal(model_sm_handle(&sm, MEV_REQUEST, 5, 0), MACT_HOLD);
+    assert_int_equal(model_sm_handle(&sm, MEV_PROBE_OK, 6, 1), MACT_RELEASE);
+    assert_int_equal(sm.state, MODEL_READY);
+    assert_int_equal(sm.cold_starts, 1);
+    model_sm_handle(&sm, MEV_BACKEND_DOWN, 7, 0);
+    model_sm_handle(&sm, MEV_PROBE_OK, 8, 0);
+    assert_int_equal(sm.cold_starts, 2);
+    model_sm_handle(&sm, MEV_DRAIN, 9, 1);
+    assert_int_equal(model_sm_handle(&sm, MEV_ENDPOINTS_REPLACED, 10, 1), MACT_PROBE_START);
+    assert_false(sm.backend_up);
+}
+
 static void test_names(void **state)
 {
     (void)state;
@@ -223,6 +250,7 @@ int main(void)
         cmocka_unit_test_setup_teardown(test_cold_start_cycle, setup, teardown),
         cmocka_unit_test_setup_teardown(test_wake_timeout, setup, teardown),
         cmocka_unit_test_setup_teardown(test_endpoints_gone, setup, teardown),
+        cmocka_unit_test_setup_teardown(test_endpoints_replaced, setup, teardown),
         cmocka_unit_test_setup_teardown(test_draining, setup, teardown),
         cmocka_unit_test_setup_teardown(test_unforwardable_since, setup, teardown),
         cmocka_unit_test_setup_teardown(test_names, setup, teardown),
