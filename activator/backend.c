@@ -43,6 +43,8 @@ struct endpoint {
     int probe_last_failure; /* result of the last failed probe, 0 after a success */
     uint64_t requests;
     bool keep; /* merge marker */
+    /* merge: 1 created by this merge, 2 taken back from b->retired, 0 neither */
+    unsigned char merge_origin;
 };
 
 struct dns_job {
@@ -312,15 +314,37 @@ static int merge(struct backend *b, const struct sockaddr_storage *addrs, const 
         if (found) {
             if (!found->keep) {
                 found->keep = true;
+                found->merge_origin = 0;
                 eps[m++] = found;
             }
             continue;
         }
-        struct endpoint *ep = endpoint_new(b, (const struct sockaddr *)&addrs[i], lens[i]);
+        /* Listed again while its requests from before still run: the same
+         * endpoint, so they count against maxConcurrencyPerEndpoint. */
+        struct endpoint *ep = NULL;
+        for (struct endpoint **pp = &b->retired; *pp; pp = &(*pp)->next) {
+            if (same_addr(&(*pp)->addr, (const struct sockaddr *)&addrs[i])) {
+                ep = *pp;
+                *pp = ep->next;
+                ep->next = NULL;
+                ep->bal.removed = false;
+                ep->bal.healthy = false; /* probed again below */
+                ep->merge_origin = 2;
+                break;
+            }
+        }
+        if (!ep && (ep = endpoint_new(b, (const struct sockaddr *)&addrs[i], lens[i])))
+            ep->merge_origin = 1;
         if (!ep) {
+            /* Out of memory: the list stays as it was. */
             for (size_t k = 0; k < m; k++) {
-                if (!eps[k]->keep)
+                if (eps[k]->merge_origin == 1) {
                     endpoint_free(eps[k]);
+                } else if (eps[k]->merge_origin == 2) {
+                    eps[k]->bal.removed = true;
+                    eps[k]->next = b->retired;
+                    b->retired = eps[k];
+                }
             }
             thaw_free(eps);
             thaw_free(balv);

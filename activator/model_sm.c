@@ -152,7 +152,12 @@ static unsigned on_ready(struct model_sm *sm, enum model_event ev, int64_t now_m
         return MACT_PROBE_STOP;
     case MEV_ENDPOINTS_REPLACED:
         /* Replicas replaced (a rolling update): not scaled down, so no wake
-         * and no cold start for the scaler; hold until a new one answers. */
+         * and no cold start; hold until a new one answers. With requests
+         * already waiting for capacity, as for endpoints_gone: wake. */
+        if (held > 0) {
+            transition(sm, MODEL_WAKING, MEV_ENDPOINTS_GONE, now_ms);
+            return MACT_WAKE_SIGNAL | MACT_PROBE_START;
+        }
         transition(sm, MODEL_WAKING, ev, now_ms);
         return MACT_PROBE_START;
     case MEV_DRAIN:

@@ -512,6 +512,50 @@ test('DNS backend, rolling update seen in one answer (every address replaced): t
   }
 });
 
+test('DNS backend: an address that leaves the answer and comes back with requests still running keeps counting them against the cap', async () => {
+  const dns = await startDns('c.thaw.test');
+  dns.addrs = ['127.0.0.1'];
+  const port = await freePort();
+  // Slow streams: 60 tokens at 20/s keep a request running for 3 s.
+  const fx = await startFakeVllm({ model: 'dnsc', port, waitReady: true, tokensPerSecond: 20 });
+  const fz = await startFakeVllm({ model: 'dnsc', port, host: '127.0.0.2', waitReady: true, tokensPerSecond: 20 });
+  const act = await startActivator(
+    { models: [{ name: 'dnsc', backend: `http://c.thaw.test:${port}`, dnsRefreshSeconds: 0.1,
+      maxConcurrencyPerEndpoint: 2, ...fast }] },
+    { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
+  const running = async (f) => {
+    const text = (await request(f.port, { host: f === fz ? '127.0.0.2' : '127.0.0.1', path: '/metrics' })).body.toString();
+    return Number(/^vllm:num_requests_running\{[^}]*\} (\d+)/m.exec(text)?.[1] ?? NaN);
+  };
+  const long = () => complete(act.port, 'dnsc', { stream: true, maxTokens: 60, timeoutMs: 30000 });
+  try {
+    const first = [long(), long()]; // both on X, the one address listed
+    await waitUntil(async () => (await running(fx)) === 2, 3000, { what: 'X running 2' });
+    const endpoints = async () => (await act.model('dnsc')).endpoints.map((e) => e.address).sort();
+    dns.addrs = ['127.0.0.2'];
+    await waitUntil(async () => (await endpoints()).join() === `127.0.0.2:${port}`, 3000, { what: 'X retired' });
+    dns.addrs = ['127.0.0.1', '127.0.0.2'];
+    await waitUntil(async () => (await endpoints()).length === 2, 3000, { what: 'X listed again' });
+    await waitUntil(async () => (await act.model('dnsc')).endpoints.every((e) => e.healthy), 3000,
+      { what: 'both healthy' });
+    // Four more: Z takes two; X is at its cap with the two from before.
+    const more = [long(), long(), long(), long()];
+    let most = 0;
+    for (let i = 0; i < 10; i++) {
+      most = Math.max(most, await running(fx));
+      await sleep(100);
+    }
+    assert.ok(most <= 2, `X ran ${most} at once (cap 2)`);
+    for (const r of await Promise.all([...first, ...more])) assert.equal(r.status, 200);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await fx.stop();
+    await fz.stop();
+    await dns.close();
+  }
+});
+
 test('--scaler-wake-url with a name: every address it resolves to (each scaler replica) gets POST /wake', async () => {
   const dns = await startDns('scaler.thaw.test');
   dns.addrs = ['127.0.0.1', '127.0.0.2'];

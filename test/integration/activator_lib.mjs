@@ -136,7 +136,7 @@ export function request(port, opts = {}) {
       headers['content-length'] = body.length;
     }
     const req = http.request({
-      host: '127.0.0.1', port, method: opts.method ?? (body ? 'POST' : 'GET'), path: opts.path ?? '/',
+      host: opts.host ?? '127.0.0.1', port, method: opts.method ?? (body ? 'POST' : 'GET'), path: opts.path ?? '/',
       headers, agent: opts.agent ?? false,
     }, (res) => {
       const tHead = Date.now();

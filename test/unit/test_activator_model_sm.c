@@ -227,6 +227,11 @@ static void test_endpoints_replaced(void **state)
     model_sm_handle(&sm, MEV_BACKEND_DOWN, 7, 0);
     model_sm_handle(&sm, MEV_PROBE_OK, 8, 0);
     assert_int_equal(sm.cold_starts, 2);
+    /* With requests waiting for capacity: a wake, as for endpoints_gone. */
+    assert_int_equal(model_sm_handle(&sm, MEV_ENDPOINTS_REPLACED, 9, 2),
+                     MACT_WAKE_SIGNAL | MACT_PROBE_START);
+    model_sm_handle(&sm, MEV_PROBE_OK, 9, 2);
+    assert_int_equal(sm.cold_starts, 3);
     model_sm_handle(&sm, MEV_DRAIN, 9, 1);
     assert_int_equal(model_sm_handle(&sm, MEV_ENDPOINTS_REPLACED, 10, 1), MACT_PROBE_START);
     assert_false(sm.backend_up);
