@@ -260,6 +260,7 @@ int main(int argc, char **argv)
         goto out;
     }
     signal(SIGPIPE, SIG_IGN);
+    log_route_libevent();
     app.base = event_base_new();
     if (!app.base) {
         config_free(cfg);

@@ -7,6 +7,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <event2/event.h>
+
 static enum log_level current_level = LOG_LEVEL_INFO;
 static log_sink_fn current_sink;
 static void *current_sink_ud;
@@ -146,3 +148,17 @@ const char *log_quote_url(char *out, size_t outlen, const char *url)
     snprintf(redacted, sizeof(redacted), "%.*sREDACTED%s", (int)(colon + 1 - url), url, at);
     return log_quote(out, outlen, redacted);
 }
+
+static void libevent_log_cb(int severity, const char *msg)
+{
+    enum log_level level = severity >= EVENT_LOG_ERR    ? LOG_LEVEL_ERROR
+                           : severity == EVENT_LOG_WARN ? LOG_LEVEL_WARN
+                           : severity == EVENT_LOG_MSG  ? LOG_LEVEL_INFO
+                                                        : LOG_LEVEL_DEBUG;
+    if (level < log_get_level())
+        return;
+    char q[512];
+    log_emit(level, "libevent", "msg=%s", log_quote(q, sizeof(q), msg));
+}
+
+void log_route_libevent(void) { event_set_log_callback(libevent_log_cb); }

@@ -32,6 +32,11 @@ const char *log_quote(char *out, size_t outlen, const char *s);
  * replaced by "REDACTED": URLs carry credentials, logs are widely readable. */
 const char *log_quote_url(char *out, size_t outlen, const char *url);
 
+/* Routes libevent's own messages (evdns: "All nameservers have failed")
+ * through log_emit as event=libevent, instead of its bare "[msg] ..." lines
+ * on stderr. Process-wide; call once at start. */
+void log_route_libevent(void);
+
 #define LOG_DEBUG(ev, ...) do { if (log_get_level() <= LOG_LEVEL_DEBUG) log_emit(LOG_LEVEL_DEBUG, ev, __VA_ARGS__); } while (0)
 #define LOG_INFO(ev, ...) log_emit(LOG_LEVEL_INFO, ev, __VA_ARGS__)
 #define LOG_WARN(ev, ...) log_emit(LOG_LEVEL_WARN, ev, __VA_ARGS__)

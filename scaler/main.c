@@ -878,6 +878,7 @@ int main(int argc, char **argv)
         return 2;
     }
 
+    log_route_libevent();
     app.base = event_base_new();
     app.svc = scaler_service_new();
     struct scaler_state_config sc = {
