@@ -2439,15 +2439,25 @@ static void accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct soc
 
 /* ---- housekeeping ---- */
 
+/* Another instance of m's model: the configured one of that name, else
+ * another removed one still carrying requests; NULL if none. */
+static struct model_rt *namesake(struct proxy *px, const struct model_rt *m)
+{
+    struct model_rt *o = model_by_name(px, m->name);
+    if (o && o != m)
+        return o;
+    for (o = px->removed; o; o = o->next_removed)
+        if (o != m && strcmp(o->name, m->name) == 0)
+            return o;
+    return NULL;
+}
+
 /* A removed model's outcome counts, as it is freed: to the model of that
  * name now configured, else to another removed one still carrying requests,
  * else kept by name (the metrics go on showing them). */
 static void retire_outcomes(struct proxy *px, struct model_rt *m)
 {
-    struct model_rt *heir = model_by_name(px, m->name);
-    for (struct model_rt *o = px->removed; o && !heir; o = o->next_removed)
-        if (o != m && strcmp(o->name, m->name) == 0)
-            heir = o;
+    struct model_rt *heir = namesake(px, m);
     if (heir) {
         for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
             heir->outcomes[o] += m->outcomes[o];
@@ -2496,10 +2506,7 @@ static void inherit_outcomes(struct proxy *px, struct model_rt *m)
  * namesake takes it over, else its name waits in hdel_pending. */
 static void hdel_later(struct proxy *px, struct model_rt *m)
 {
-    struct model_rt *heir = model_by_name(px, m->name);
-    for (struct model_rt *o = px->removed; o && !heir; o = o->next_removed)
-        if (o != m && strcmp(o->name, m->name) == 0)
-            heir = o;
+    struct model_rt *heir = namesake(px, m);
     if (heir) {
         heir->held_published = true;
         return;
