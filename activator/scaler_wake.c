@@ -238,7 +238,14 @@ static void resolved_cb(int result, struct evutil_addrinfo *res, void *arg)
     }
     if (sw && result == 0) {
         for (struct evutil_addrinfo *ai = res; ai; ai = ai->ai_next) {
-            if (ai->ai_family == AF_INET || ai->ai_family == AF_INET6)
+            if (ai->ai_family != AF_INET && ai->ai_family != AF_INET6)
+                continue;
+            /* One post per scaler: an answer may list an address twice. */
+            bool seen = false;
+            for (struct evutil_addrinfo *e = res; e != ai && !seen; e = e->ai_next)
+                seen = e->ai_addrlen == ai->ai_addrlen &&
+                       memcmp(e->ai_addr, ai->ai_addr, ai->ai_addrlen) == 0;
+            if (!seen)
                 post_start(sw, ai->ai_addr, (int)ai->ai_addrlen, r->request);
         }
     }

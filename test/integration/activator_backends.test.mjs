@@ -570,6 +570,7 @@ test('--scaler-wake-url with a name: every address it resolves to (each scaler r
     srv.on('error', reject);
     srv.listen(port, ip, () => resolve(srv));
   })));
+  dns.addrs = ['127.0.0.1', '127.0.0.2', '127.0.0.1']; // a repeated address: still one post each
   const coldPort = await freePort(); // nothing listens: the model stays cold
   const act = await startActivator(
     { models: [{ name: 'org/m1', backend: `http://127.0.0.1:${coldPort}`, holdTimeoutSeconds: 3, ...fast }] },
@@ -588,6 +589,8 @@ test('--scaler-wake-url with a name: every address it resolves to (each scaler r
     await sleep(500); // nothing held: no renewal; the last post's answer is read
     const m = await act.metrics();
     assert.equal(metricSum(m, 'thaw_activator_scaler_wakes_total', { result: 'sent' }), hits.length);
+    const per = (ip) => hits.filter((h) => h.ip === ip).length;
+    assert.ok(Math.abs(per('127.0.0.1') - per('127.0.0.2')) <= 1, `posts ${per('127.0.0.1')} / ${per('127.0.0.2')}`);
     assert.equal(metricSum(m, 'thaw_activator_scaler_wakes_total', { result: 'failed' }), 0);
 
     // One replica gone: its post fails and is counted, the other still gets it.
