@@ -141,6 +141,16 @@ static unsigned on_ready(struct model_sm *sm, enum model_event ev, int64_t now_m
         /* Scaled down under us: hold, wake it again, probe until it is back. */
         transition(sm, MODEL_WAKING, ev, now_ms);
         return MACT_WAKE_SIGNAL | MACT_PROBE_START;
+    case MEV_ENDPOINTS_REPLACED:
+        /* Replicas replaced (a rolling update): not scaled down, so no wake
+         * and no cold start; hold until a new one answers. With requests
+         * already waiting for capacity, as for endpoints_gone: wake. */
+        if (held == 0) {
+            transition(sm, MODEL_WAKING, ev, now_ms);
+            return MACT_PROBE_START;
+        }
+        ev = MEV_ENDPOINTS_GONE;
+        /* fall through */
     case MEV_ENDPOINTS_GONE:
         /* Scaled to zero on purpose: waking it again would undo that. The
          * next request (or one already waiting for capacity) wakes it. */
@@ -150,16 +160,6 @@ static unsigned on_ready(struct model_sm *sm, enum model_event ev, int64_t now_m
         }
         transition(sm, MODEL_COLD, ev, now_ms);
         return MACT_PROBE_STOP;
-    case MEV_ENDPOINTS_REPLACED:
-        /* Replicas replaced (a rolling update): not scaled down, so no wake
-         * and no cold start; hold until a new one answers. With requests
-         * already waiting for capacity, as for endpoints_gone: wake. */
-        if (held > 0) {
-            transition(sm, MODEL_WAKING, MEV_ENDPOINTS_GONE, now_ms);
-            return MACT_WAKE_SIGNAL | MACT_PROBE_START;
-        }
-        transition(sm, MODEL_WAKING, ev, now_ms);
-        return MACT_PROBE_START;
     case MEV_DRAIN:
         sm->backend_up = true;
         transition(sm, MODEL_DRAINING, ev, now_ms);

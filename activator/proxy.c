@@ -1571,15 +1571,16 @@ static void send_wake(struct model_rt *m)
     }
 }
 
-/* The model of that name in px->models. By name, not by the config's
- * index: during a reload px->cfg is already the new config while px->models
- * is still the old set (a backend going down then wakes its wakeWith). */
+/* The model of that name in px->models, through px->routes (O(1): names
+ * come first in its index), which is switched together with px->models on
+ * reload, where px->cfg is switched earlier. An alias of another model is
+ * not a match. */
 static struct model_rt *model_by_name(struct proxy *px, const char *name)
 {
-    for (size_t i = 0; i < px->nmodels; i++)
-        if (strcmp(px->models[i]->name, name) == 0)
-            return px->models[i];
-    return NULL;
+    int idx = px->routes ? route_table_lookup(px->routes, name) : -1;
+    if (idx < 0 || (size_t)idx >= px->nmodels || strcmp(px->models[idx]->name, name) != 0)
+        return NULL;
+    return px->models[idx];
 }
 
 static void model_wake_with(struct model_rt *m)
@@ -2439,15 +2440,16 @@ static void accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct soc
 
 /* ---- housekeeping ---- */
 
-/* Another instance of m's model: the configured one of that name, else
- * another removed one still carrying requests; NULL if none. */
-static struct model_rt *namesake(struct proxy *px, const struct model_rt *m)
+/* An instance of model `name` other than `except`: the configured one,
+ * else a removed one still carrying requests; NULL if none. */
+static struct model_rt *namesake(struct proxy *px, const char *name,
+                                 const struct model_rt *except)
 {
-    struct model_rt *o = model_by_name(px, m->name);
-    if (o && o != m)
+    struct model_rt *o = model_by_name(px, name);
+    if (o && o != except)
         return o;
     for (o = px->removed; o; o = o->next_removed)
-        if (o != m && strcmp(o->name, m->name) == 0)
+        if (o != except && strcmp(o->name, name) == 0)
             return o;
     return NULL;
 }
@@ -2457,7 +2459,7 @@ static struct model_rt *namesake(struct proxy *px, const struct model_rt *m)
  * else kept by name (the metrics go on showing them). */
 static void retire_outcomes(struct proxy *px, struct model_rt *m)
 {
-    struct model_rt *heir = namesake(px, m);
+    struct model_rt *heir = namesake(px, m->name, m);
     if (heir) {
         for (int o = 0; o < PROXY_OUTCOME_COUNT; o++)
             heir->outcomes[o] += m->outcomes[o];
@@ -2506,7 +2508,7 @@ static void inherit_outcomes(struct proxy *px, struct model_rt *m)
  * namesake takes it over, else its name waits in hdel_pending. */
 static void hdel_later(struct proxy *px, struct model_rt *m)
 {
-    struct model_rt *heir = namesake(px, m);
+    struct model_rt *heir = namesake(px, m->name, m);
     if (heir) {
         heir->held_published = true;
         return;
@@ -2533,10 +2535,7 @@ static void hdel_pending_flush(struct proxy *px)
     const char *name;
     void *value;
     while (ndone < 64 && strmap_next(px->hdel_pending, &cur, &name, &value)) {
-        struct model_rt *o = model_by_name(px, name);
-        for (struct model_rt *r = px->removed; r && !o; r = r->next_removed)
-            if (strcmp(r->name, name) == 0)
-                o = r;
+        struct model_rt *o = namesake(px, name, NULL);
         if (o)
             o->held_published = true;
         else if (redis_link_held(px->redis, name, 0, 0, 0, 0, clock_unix_ms()) != 0)
