@@ -16,11 +16,13 @@
 
 #include "alloc.h"
 #include "expo.h"
+#include "http_conn_cap.h"
 #include "log.h"
 #include "proxy.h"
 
 struct admin {
     struct evhttp *http;
+    struct http_conn_cap *cap;
     struct proxy *px;
     int port;
 };
@@ -113,6 +115,8 @@ static void admin_cb(struct evhttp_request *req, void *arg)
             return;
         }
         proxy_write_metrics(a->px, b);
+        http_conn_cap_write_metrics(a->cap, b, "thaw_activator_admin",
+                                    "admin (/metrics, /models, /healthz, /readyz)");
         evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
                           EXPO_CONTENT_TYPE);
         evhttp_send_reply(req, 200, "OK", b);
@@ -133,7 +137,7 @@ static void admin_cb(struct evhttp_request *req, void *arg)
 }
 
 struct admin *admin_new(struct event_base *base, struct proxy *px, const char *host, int port,
-                        char *err, size_t errlen)
+                        int max_connections, char *err, size_t errlen)
 {
     struct admin *a = thaw_calloc(1, sizeof(*a));
     if (!a) {
@@ -145,6 +149,12 @@ struct admin *admin_new(struct event_base *base, struct proxy *px, const char *h
     if (!a->http) {
         snprintf(err, errlen, "out of memory");
         thaw_free(a);
+        return NULL;
+    }
+    a->cap = http_conn_cap_new(base, a->http, max_connections, "admin");
+    if (!a->cap) {
+        snprintf(err, errlen, "out of memory");
+        admin_free(a);
         return NULL;
     }
     evhttp_set_allowed_methods(a->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST);
@@ -174,6 +184,7 @@ void admin_free(struct admin *a)
         return;
     if (a->http)
         evhttp_free(a->http);
+    http_conn_cap_free(a->cap); /* after evhttp_free: its connections report here */
     thaw_free(a);
 }
 

@@ -15,9 +15,11 @@ struct event_base;
 struct proxy;
 struct admin;
 
-/* host must be an IP literal; port 0 picks one. Returns NULL with err. */
+/* host must be an IP literal; port 0 picks one. At most max_connections
+ * are held open; one more is answered 503 and closed (common/http_conn_cap).
+ * Returns NULL with err. */
 struct admin *admin_new(struct event_base *base, struct proxy *px, const char *host, int port,
-                        char *err, size_t errlen);
+                        int max_connections, char *err, size_t errlen);
 /* Accepts NULL. */
 void admin_free(struct admin *a);
 int admin_port(const struct admin *a);

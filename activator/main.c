@@ -19,6 +19,7 @@
 #include "admin.h"
 #include "alloc.h"
 #include "config.h"
+#include "fd_limit.h"
 #include "log.h"
 #include "options.h"
 #include "proxy.h"
@@ -28,6 +29,7 @@ struct settings {
     char *config;
     char *listen;
     char *admin_listen;
+    long admin_max_connections;
     char *redis_url;
     char *instance_id;
     enum log_level log_level;
@@ -48,6 +50,9 @@ static const struct opt_def option_defs[] = {
      "proxy address, HOST:PORT (port 0 picks a free one)", NULL},
     {"admin-listen", OPT_STRING, S(admin_listen), "0.0.0.0:8081", 0, 0,
      "admin address for /metrics, /healthz, /readyz, /models", NULL},
+    {"admin-max-connections", OPT_INT, S(admin_max_connections), "256", 1, 1000000,
+     "connections the admin port holds open at once; one more is answered 503 and closed "
+     "(scrapes and kubelet probes each take one for a moment)", NULL},
     {"redis-url", OPT_STRING, S(redis_url), NULL, 0, 0,
      "Redis URL redis://[:password@]host[:port][/db]; unset: no wake signals or held counts",
      NULL},
@@ -208,6 +213,7 @@ int main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 32 << 20);
     mallopt(M_TOP_PAD, 4 << 20);
     json_set_alloc_funcs(thaw_malloc, thaw_free);
+    long fd_limit = fd_limit_raise();
     struct app app;
     memset(&app, 0, sizeof(app));
     char err[512];
@@ -296,7 +302,8 @@ int main(int argc, char **argv)
         fprintf(stderr, "thaw-activator: --listen: %s\n", err);
         goto out;
     }
-    app.admin = admin_new(app.base, app.px, ahost, aport, err, sizeof(err));
+    app.admin = admin_new(app.base, app.px, ahost, aport, (int)app.s.admin_max_connections, err,
+                          sizeof(err));
     if (!app.admin) {
         fprintf(stderr, "thaw-activator: --admin-listen: %s\n", err);
         goto out;
@@ -317,8 +324,9 @@ int main(int argc, char **argv)
             goto out;
         }
     }
-    LOG_INFO("listening", "proxy_port=%d admin_port=%d instance=%s models=%zu",
-             proxy_port(app.px), admin_port(app.admin), instance, proxy_model_count(app.px));
+    LOG_INFO("listening", "proxy_port=%d admin_port=%d instance=%s models=%zu fd_limit=%ld",
+             proxy_port(app.px), admin_port(app.admin), instance, proxy_model_count(app.px),
+             fd_limit);
     event_base_dispatch(app.base);
     LOG_INFO("exit", NULL);
     rc = 0;

@@ -21,7 +21,9 @@
 #include "alloc.h"
 #include "clock.h"
 #include "expo.h"
+#include "fd_limit.h"
 #include "grpc_server.h"
+#include "http_conn_cap.h"
 #include "log.h"
 #include "model_name.h"
 #include "options.h"
@@ -50,6 +52,7 @@ struct settings {
     double held_fresh_seconds;
     double target_expiry_seconds;
     long max_connections;
+    long http_max_connections;
     long max_targets;
     long wake_repeat_ms;
     long max_wake_held;
@@ -125,6 +128,10 @@ static const struct opt_def option_defs[] = {
      "posts cannot ask for thousands of replicas", "maxWakeHeld"},
     {"max-connections", OPT_INT, S(max_connections), "10000", 1, 1000000,
      "gRPC connections accepted at once", "maxConnections"},
+    {"http-max-connections", OPT_INT, S(http_max_connections), "256", 1, 1000000,
+     "connections the HTTP port holds open at once; one more is answered 503 and closed "
+     "(scrapes, probes and activators' wake posts each take one for a moment)",
+     "httpMaxConnections"},
     {"max-request-bytes", OPT_INT, S(max_request_bytes), "67108864", 65536, 1073741824,
      "bytes that gRPC request messages still being read may hold, all connections together; "
      "a call that would go over gets RESOURCE_EXHAUSTED (KEDA's requests are a few KB)",
@@ -162,6 +169,7 @@ struct app {
     struct grpc_server *grpc;
     struct tls_server *tls; /* NULL: cleartext gRPC */
     struct evhttp *http;
+    struct http_conn_cap *http_cap;
     struct prom_source *prom;
     struct redis_source *redis;
     struct event *prom_timer, *redis_timer, *tick_timer, *sigterm, *sigint, *shutdown_timer;
@@ -502,6 +510,8 @@ static void http_metrics(struct evhttp_request *req, void *arg)
     /* The process-wide series first, as of now like the page's snapshot. */
     scaler_service_write_metrics(app->svc, out);
     grpc_server_write_metrics(app->grpc, out, "thaw_scaler");
+    http_conn_cap_write_metrics(app->http_cap, out, "thaw_scaler_http",
+                                "HTTP (/metrics, /models, /wake)");
     if (app->tls)
         tls_server_write_metrics(app->tls, out, "thaw_scaler");
     struct prom_source_stats ps;
@@ -740,11 +750,16 @@ static int listen_http(struct app *app, int *port, char *err, size_t errlen)
         snprintf(err, errlen, "out of memory");
         return -1;
     }
+    app->http_cap = http_conn_cap_new(app->base, app->http, (int)app->cfg.http_max_connections,
+                                      "http");
+    if (!app->http_cap) {
+        snprintf(err, errlen, "out of memory");
+        return -1;
+    }
     evhttp_set_max_headers_size(app->http, 16384);
     /* No endpoint reads a body (POST /wake takes its query string): 1 KiB
      * keeps what a stalled client holds small (64 KiB let 500 stalled posts
-     * hold 32 MB until the timeout). evhttp in libevent 2.1 has no
-     * connection cap; the fd limit and the NetworkPolicy bound the rest. */
+     * hold 32 MB until the timeout). */
     evhttp_set_max_body_size(app->http, 1024);
     evhttp_set_timeout(app->http, 30);
     evhttp_set_allowed_methods(app->http, EVHTTP_REQ_GET | EVHTTP_REQ_HEAD | EVHTTP_REQ_POST);
@@ -782,6 +797,7 @@ static void app_free(struct app *app)
     redis_source_free(app->redis);
     if (app->http)
         evhttp_free(app->http);
+    http_conn_cap_free(app->http_cap); /* after evhttp_free: its connections report here */
     struct event *evs[] = {app->prom_timer, app->redis_timer,    app->tick_timer,
                            app->sigterm,    app->sigint,         app->shutdown_timer,
                            app->tls_timer,  app->read_now};
@@ -853,6 +869,7 @@ int main(int argc, char **argv)
     mallopt(M_TRIM_THRESHOLD, 64 << 20);
     mallopt(M_MMAP_THRESHOLD, 32 << 20);
 #endif
+    long fd_limit = fd_limit_raise();
 
     enum options_result r = options_parse(
         option_defs, NOPTIONS, &app.cfg, argc, argv, "thaw-scaler",
@@ -971,13 +988,14 @@ int main(int argc, char **argv)
 
     char q2[300], q3[300];
     /* tls= sits before query=: parsers read the query up to the end of the line. */
-    LOG_INFO("listening", "grpc_port=%d http_port=%d tls=%s prometheus=%s redis=%s query=%s",
+    LOG_INFO("listening",
+             "grpc_port=%d http_port=%d tls=%s prometheus=%s redis=%s fd_limit=%ld query=%s",
              grpc_port, http_port,
              !app.tls ? "off" : app.cfg.tls_client_ca_file && app.cfg.tls_client_ca_file[0]
                                     ? "mutual"
                                     : "on",
              log_quote_url(q2, sizeof(q2), app.cfg.prometheus_url),
-             log_quote_url(q3, sizeof(q3), app.cfg.redis_url),
+             log_quote_url(q3, sizeof(q3), app.cfg.redis_url), fd_limit,
              log_quote(q1, sizeof(q1), app.cfg.token_rate_query));
     event_base_dispatch(app.base);
     LOG_INFO("stopped", "streams_left=%zu", scaler_service_stream_count(app.svc));

@@ -16,6 +16,10 @@
 //                 accepted and held open, requests on other connections as
 //                 fast as before, no CPU spent on them, RSS per connection
 //                 reported and bounded.
+//   admin crowd:  idle connections to the admin port up to
+//                 --admin-max-connections. Expected: one more is answered 503
+//                 and closed, the idle ones still work, a closed one frees
+//                 its place, all counted on /metrics.
 //   fd limit:     more idle connections than the activator's RLIMIT_NOFILE.
 //                 Expected: it keeps running and serves again once
 //                 descriptors are free, without spinning or flooding its log
@@ -33,6 +37,7 @@ import {
 import {
   accountedFor, assert, fdCount, nofileLimits, outcomeCounts, parseRawResponse, rssKiB, sleep, underSanitizer, underValgrind,
 } from './faults_lib.mjs';
+import { checkConnectionCap } from './lib/conn_cap.mjs';
 
 const IDLE_CONNS = Number(process.env.THAW_FAULTS_IDLE_CONNS ?? 10000);
 const HEADER_TIMEOUT_MS = 2000;
@@ -319,6 +324,45 @@ test(`${IDLE_CONNS} idle connections: all held open, other requests as fast as b
     assert.deepEqual(acc.outcomes, { ok: 401 });
   } finally {
     resetAll(socks);
+    await act.stop();
+  }
+});
+
+test('admin crowd: one connection over --admin-max-connections gets 503 and is closed; closed ones free their place', async () => {
+  const act = await startActivator({ models: [modelCfg()] }, { args: ['--admin-max-connections', '3'] });
+  try {
+    await checkConnectionCap({ port: act.adminPort, cap: 3, prefix: 'thaw_activator_admin', proc: act.proc, slow });
+  } finally {
+    await act.stop();
+  }
+});
+
+// Shells and systemd start processes with a soft open-file limit of 1024
+// under a far higher hard one; the activator raises the soft one at start.
+test('open-file limit: started under a low soft limit, the activator raises it to the hard one', async (t) => {
+  const own = nofileLimits();
+  if (!Number.isFinite(own.hard) || own.hard <= 1024) {
+    t.skip(`hard limit ${own.hard}: nothing to raise to`);
+    return;
+  }
+  // The child inherits the test runner's limits: lower the runner's soft one
+  // for the moment of the spawn.
+  const lower = (soft) => new Promise((resolve) => {
+    execFile('/usr/bin/prlimit', ['--pid', String(process.pid), `--nofile=${soft}:${own.hard}`], { timeout: 5000 },
+      (err, stdout, stderr) => resolve(err ? `${err.message} ${stderr}` : null));
+  });
+  assert.equal(await lower(1024), null, 'prlimit');
+  let act;
+  try {
+    act = await startActivator({ models: [modelCfg()] });
+  } finally {
+    assert.equal(await lower(own.soft), null, 'prlimit back');
+  }
+  try {
+    assert.deepEqual(nofileLimits(act.proc.pid), { soft: own.hard, hard: own.hard });
+    assert.ok(act.proc.lines.some(({ line }) => /event=listening .*fd_limit=(\d+)/.exec(line)?.[1] === String(own.hard)),
+      'event=listening logs the raised limit');
+  } finally {
     await act.stop();
   }
 });

@@ -8,6 +8,7 @@ import http2 from 'node:http2';
 import net from 'node:net';
 import { after, before, test } from 'node:test';
 
+import { checkConnectionCap } from './lib/conn_cap.mjs';
 import { loadGrpc, startPrometheus, startRedis, waitUntil } from './lib/harness.mjs';
 import {
   parseExposition, sampleValue, scaledObjectRef, separateConnectionClient, sleep, startScaler,
@@ -270,6 +271,20 @@ test('/healthz and /readyz answer 200; other paths 404; POST refused', async () 
   assert.equal((await scaler.get('/metrics', { method: 'PUT', body: 'x' })).status, 501);
   const head = await scaler.get('/healthz', { method: 'HEAD' });
   assert.equal(head.status, 200);
+});
+
+test('--http-max-connections: one connection over the cap gets 503 and is closed; closed ones free their place', async () => {
+  const s = await startScaler({
+    prometheusUrl: prom.url, redisUrl: redis.url, name: 'scaler-cap', flags: { 'http-max-connections': 3 },
+  });
+  try {
+    await checkConnectionCap({
+      port: s.httpPort, cap: 3, prefix: 'thaw_scaler_http', proc: s.proc,
+      slow: Boolean(process.env.THAW_TEST_WRAPPER),
+    });
+  } finally {
+    await s.stop();
+  }
 });
 
 test('POST /wake?model=: the wake without Redis; pushed on the model\'s streams, counted; bad requests refused', async () => {
