@@ -6,7 +6,7 @@
 import { after, before, test } from 'node:test';
 
 import {
-  assert, assertAccounted, complete, freePort, metricSum, request, sleep, startActivator,
+  assert, assertAccounted, complete, fillSlotAndQueue, freePort, metricSum, request, sleep, startActivator,
   startFakeVllm, subscribe, waitUntil,
 } from './activator_lib.mjs';
 import fs from 'node:fs';
@@ -635,12 +635,7 @@ test('a reload that moves a ready model with queued requests to a dead backend w
   let fa2 = null;
   try {
     assert.equal((await complete(act.port, 'wa')).status, 200);
-    // Caught: a failing assertion below stops the activator under them.
-    const settle = (p) => p.catch((e) => ({ status: `error ${e.message}` }));
-    const streaming = settle(complete(act.port, 'wa', { stream: true, maxTokens: 40, timeoutMs: 20000 }));
-    await sleep(200);
-    const queued = settle(complete(act.port, 'wa', { timeoutMs: 20000 }));
-    await waitUntil(async () => (await act.model('wa')).held === 1, 3000, { what: 'queued at the cap' });
+    const { streaming, queued } = await fillSlotAndQueue(act, 'wa');
     // wb and wx swap places: wb's index in the new config is wx's in the
     // model set the reload replaces. wa's endpoints all go while it has a
     // request queued: it wakes again, and with it wb (waking already since

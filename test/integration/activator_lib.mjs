@@ -304,4 +304,21 @@ export async function assertAccounted(act) {
   }, 5000, { what: 'accepted == sum of outcomes' });
 }
 
+/**
+ * For a model whose one endpoint takes one request at a time
+ * (maxConcurrencyPerEndpoint 1): a slow streaming completion takes the slot
+ * and one more request queues behind it in the activator. Resolves, once the
+ * second is queued, to {streaming, queued}: promises that never reject (an
+ * error becomes {status: 'error ...'}), so a failing assertion in between
+ * does not leave them unhandled.
+ */
+export async function fillSlotAndQueue(act, model) {
+  const settle = (p) => p.catch((e) => ({ status: `error ${e.message}` }));
+  const streaming = settle(complete(act.port, model, { stream: true, maxTokens: 40, timeoutMs: 20000 }));
+  await sleep(200);
+  const queued = settle(complete(act.port, model, { timeoutMs: 20000 }));
+  await waitUntil(async () => (await act.model(model)).held === 1, 3000, { what: `${model}: one queued at the cap` });
+  return { streaming, queued };
+}
+
 export { assert, freePort, tmpDir, waitUntil };

@@ -7,7 +7,7 @@ import net from 'node:net';
 import { after, before, test } from 'node:test';
 
 import {
-  assert, assertAccounted, complete, freePort, metricSum, sleep, startActivator, startFakeVllm,
+  assert, assertAccounted, complete, fillSlotAndQueue, freePort, metricSum, sleep, startActivator, startFakeVllm,
   waitUntil,
 } from './activator_lib.mjs';
 import { startRedis } from './lib/harness.mjs';
@@ -195,10 +195,7 @@ test('a reload that adds wb and moves wa (wakeWith [wb], a request queued) to a 
   let fa2 = null;
   try {
     assert.equal((await complete(act.port, 'wa')).status, 200);
-    const streaming = settle(complete(act.port, 'wa', { stream: true, maxTokens: 40, timeoutMs: 20000 }));
-    await sleep(200);
-    const queued = settle(complete(act.port, 'wa', { timeoutMs: 20000 }));
-    await waitUntil(async () => (await act.model('wa')).held === 1, 3000, { what: 'queued at the cap' });
+    const { streaming, queued } = await fillSlotAndQueue(act, 'wa');
     const since = act.proc.mark();
     act.writeConfig({ limits, models: [modelCfg('wa', deadPort, { maxConcurrencyPerEndpoint: 1, wakeWith: ['wb'] }),
       modelCfg('wb', bPort)] });
