@@ -88,7 +88,7 @@ test('dashboard JSON: template variables for datasource, namespace and model; de
   assert.match(ann.expr, /thaw_scaler_last_decision_change_seconds/);
   assert.match(ann.textFormat, /\{\{reason\}\}/);
   // Per-model panels follow the model variable.
-  const perModel = panels.filter((p) => !/^(Sources|Source|gRPC|Activator Redis)/.test(p.title));
+  const perModel = panels.filter((p) => !/^(Sources|Source|gRPC|Activator Redis|Connections)/.test(p.title));
   for (const p of perModel) {
     assert.ok(p.targets.some((t) => t.expr.includes('$model')), `panel "${p.title}" ignores $model`);
   }
