@@ -50,6 +50,11 @@ struct endpoint {
 struct dns_job {
     struct backend *b; /* NULL once the backend gave up on it */
     struct evdns_getaddrinfo_request *req;
+    /* A lookup that failed is asked again as A and AAAA (confirm_failure): the
+     * only way to tell "no such address" from a failure in libevent 2.1. */
+    struct evdns_request *confirm[2];
+    int confirm_result[2];
+    int confirm_pending;
 };
 
 struct backend {
@@ -448,10 +453,75 @@ static long dns_refresh_period(const struct backend *b)
     return b->dns_refresh_ms;
 }
 
+static void dns_done(struct backend *b, int result, struct evutil_addrinfo *res);
+
+static void confirm_step(struct dns_job *job, int idx, int result)
+{
+    job->confirm[idx] = NULL; /* libevent frees it after this callback */
+    job->confirm_result[idx] = result;
+    if (--job->confirm_pending > 0)
+        return;
+    struct backend *b = job->b;
+    bool none[2];
+    for (int i = 0; i < 2; i++)
+        none[i] = job->confirm_result[i] == DNS_ERR_NODATA ||
+                  job->confirm_result[i] == DNS_ERR_NOTEXIST;
+    thaw_free(job);
+    if (!b)
+        return;
+    b->dns_job = NULL;
+    /* Both types answered, neither with an address (NOERROR without one,
+     * or NXDOMAIN): the name lists nothing, as a headless Service with no
+     * ready pod under a server that does not say NXDOMAIN. Anything else,
+     * a timeout or SERVFAIL among them, stays a failure. */
+    dns_done(b, none[0] && none[1] ? EVUTIL_EAI_NODATA : EVUTIL_EAI_FAIL, NULL);
+}
+
+static void confirm_a_cb(int result, char type, int count, int ttl, void *addrs, void *arg)
+{
+    (void)type;
+    (void)count;
+    (void)ttl;
+    (void)addrs;
+    confirm_step(arg, 0, result);
+}
+
+static void confirm_aaaa_cb(int result, char type, int count, int ttl, void *addrs, void *arg)
+{
+    (void)type;
+    (void)count;
+    (void)ttl;
+    (void)addrs;
+    confirm_step(arg, 1, result);
+}
+
+/* libevent 2.1's getaddrinfo reports a NOERROR answer without addresses
+ * (DNS_ERR_NODATA) as EVUTIL_EAI_FAIL, like a SERVFAIL or a timeout; the
+ * plain A and AAAA lookups (same search list) say which it was. Returns
+ * false when neither could be sent. Their callbacks never run before this
+ * returns (libevent defers them). */
+static bool confirm_failure(struct backend *b, struct dns_job *job)
+{
+    job->confirm_pending = 0;
+    job->confirm_result[0] = job->confirm_result[1] = DNS_ERR_UNKNOWN;
+    job->confirm[0] = evdns_base_resolve_ipv4(b->dns, b->host, 0, confirm_a_cb, job);
+    if (job->confirm[0])
+        job->confirm_pending++;
+    job->confirm[1] = evdns_base_resolve_ipv6(b->dns, b->host, 0, confirm_aaaa_cb, job);
+    if (job->confirm[1])
+        job->confirm_pending++;
+    /* With one of them not sent its result stays DNS_ERR_UNKNOWN: the
+     * other finishes into a failure. */
+    return job->confirm_pending > 0;
+}
+
 static void dns_cb(int result, struct evutil_addrinfo *res, void *arg)
 {
     struct dns_job *job = arg;
     struct backend *b = job->b;
+    job->req = NULL;
+    if (b && result == EVUTIL_EAI_FAIL && !res && confirm_failure(b, job))
+        return; /* b->dns_job stays this job until confirm_step */
     thaw_free(job);
     if (!b) {
         if (res)
@@ -459,14 +529,18 @@ static void dns_cb(int result, struct evutil_addrinfo *res, void *arg)
         return;
     }
     b->dns_job = NULL;
+    dns_done(b, result, res);
+}
+
+static void dns_done(struct backend *b, int result, struct evutil_addrinfo *res)
+{
     bool changed = result != b->dns_last_result;
     b->dns_last_result = result;
     if (result == EVUTIL_EAI_NONAME || result == EVUTIL_EAI_NODATA) {
-        /* The name is not there (NXDOMAIN), or lists no address: the model
-         * has no replica, as with an empty endpoints file; its old
-         * addresses may be another pod's by now. (libevent 2.1 reports a
-         * NOERROR answer without addresses as EVUTIL_EAI_FAIL, like a
-         * SERVFAIL: that one keeps the list.) */
+        /* The name is not there (NXDOMAIN), or lists no address (NOERROR
+         * without one, confirmed by confirm_failure): the model has no
+         * replica, as with an empty endpoints file; its old addresses may
+         * be another pod's by now. */
         if (changed)
             LOG_INFO("dns_no_addresses", "host=%s err=\"%s\"", b->host,
                      evutil_gai_strerror(result));
@@ -550,6 +624,9 @@ static void stop_source(struct backend *b)
         job->b = NULL;
         if (job->req)
             evdns_getaddrinfo_cancel(job->req); /* dns_cb runs on a later loop turn, frees job */
+        for (int i = 0; i < 2; i++)
+            if (job->confirm[i]) /* confirm_step runs for each, the last frees job */
+                evdns_cancel_request(b->dns, job->confirm[i]);
     }
 }
 

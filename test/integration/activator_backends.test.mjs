@@ -358,12 +358,14 @@ test('DNS backend: a host name resolved by the activator (localhost via /etc/hos
 
 /**
  * A DNS server on loopback (UDP) answering A queries for one name with the
- * addresses in `addrs` (empty: no answer, as a headless Service with no ready
- * pod), AAAA with nothing; counts the A queries.
+ * addresses in `addrs` (empty: NOERROR without an answer, as some resolvers
+ * say a headless Service with no ready pod), AAAA with nothing; counts the A
+ * queries. `nxdomain`: the name is not there (CoreDNS's answer for that
+ * Service); `servfail`: every query of the name fails.
  */
 async function startDns(name) {
   const sock = dgram.createSocket('udp4');
-  const dns = { addrs: [], queries: 0, nxdomain: false };
+  const dns = { addrs: [], queries: 0, nxdomain: false, servfail: false };
   sock.on('message', (msg, rinfo) => {
     if (msg.length < 12) return;
     let off = 12;
@@ -376,11 +378,12 @@ async function startDns(name) {
     if (qEnd > msg.length) return;
     const qtype = msg.readUInt16BE(off + 1);
     const match = labels.join('.').toLowerCase() === name;
-    const answers = match && qtype === 1 && !dns.nxdomain ? dns.addrs : [];
+    const answers = match && qtype === 1 && !dns.nxdomain && !dns.servfail ? dns.addrs : [];
     if (match && qtype === 1) dns.queries++;
     const head = Buffer.alloc(12);
     head.writeUInt16BE(msg.readUInt16BE(0), 0);
-    head.writeUInt16BE(match && !dns.nxdomain ? 0x8580 : 0x8583, 2); // QR AA RD RA; NXDOMAIN for other names
+    // QR AA RD RA, and the rcode: NXDOMAIN (3) for other names, SERVFAIL (2) if asked.
+    head.writeUInt16BE(!match || dns.nxdomain ? 0x8583 : dns.servfail ? 0x8582 : 0x8580, 2);
     head.writeUInt16BE(1, 4);
     head.writeUInt16BE(answers.length, 6);
     const rrs = answers.map((ip) => {
@@ -435,7 +438,7 @@ test('DNS backend, waking: the name is re-resolved every dnsRefreshWakingSeconds
   }
 });
 
-test('DNS backend scaled to zero: a name that is not there (NXDOMAIN) empties the endpoints; the model goes cold', async () => {
+test('DNS backend scaled to zero: a name that is not there (NXDOMAIN), or lists no address (NOERROR), empties the endpoints; the model goes cold', async () => {
   const dns = await startDns('z.thaw.test');
   dns.addrs = ['127.0.0.1'];
   const port = await freePort();
@@ -445,16 +448,18 @@ test('DNS backend scaled to zero: a name that is not there (NXDOMAIN) empties th
       holdTimeoutSeconds: 20, ...fast }] },
     { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
   try {
-    // libevent 2.1 reports a NOERROR answer without addresses as it does a
-    // SERVFAIL: that case keeps the last list (docs/activator.md).
-    for (const how of ['NXDOMAIN', 'NXDOMAIN again']) {
+    // libevent 2.1's getaddrinfo reports a NOERROR answer without addresses
+    // as it does a SERVFAIL; the activator asks A and AAAA again to tell them
+    // apart (the SERVFAIL test below keeps the list).
+    for (const how of ['NXDOMAIN', 'NOERROR without addresses', 'NXDOMAIN again']) {
       assert.equal((await complete(act.port, 'dnsz')).status, 200, how);
       assert.equal((await act.model('dnsz')).state, 'ready', how);
       // The replica goes, and the name with it. The old address must not
       // stay healthy: it may be another pod's by now.
       const mark = act.proc.mark();
       await fv.stop();
-      dns.nxdomain = true;
+      if (how.startsWith('NXDOMAIN')) dns.nxdomain = true;
+      else dns.addrs = [];
       await act.proc.waitForLog(/event=model_state model=dnsz from=ready to=cold event=endpoints_gone/, 3000,
         { since: mark });
       assert.deepEqual((await act.model('dnsz')).endpoints, [], how);
@@ -470,6 +475,38 @@ test('DNS backend scaled to zero: a name that is not there (NXDOMAIN) empties th
       dns.addrs = ['127.0.0.1'];
       assert.equal((await pending).status, 200, how);
     }
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await fv.stop();
+    await dns.close();
+  }
+});
+
+test('DNS backend, resolver failing (SERVFAIL): the last list is kept, the model stays ready, one log line', async () => {
+  const dns = await startDns('f.thaw.test');
+  dns.addrs = ['127.0.0.1'];
+  const port = await freePort();
+  const fv = await startFakeVllm({ model: 'dnsf', port, waitReady: true });
+  const act = await startActivator(
+    { models: [{ name: 'dnsf', backend: `http://f.thaw.test:${port}`, dnsRefreshSeconds: 0.2, ...fast }] },
+    { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
+  try {
+    assert.equal((await complete(act.port, 'dnsf')).status, 200);
+    const mark = act.proc.mark();
+    const before = dns.queries;
+    dns.servfail = true;
+    await act.proc.waitForLog(/event=dns_failed host=f\.thaw\.test .*kept_last_good=true/, 5000, { since: mark });
+    await sleep(1000); // several more failed lookups
+    assert.ok(dns.queries - before >= 4, `${dns.queries - before} A queries while failing`);
+    const model = await act.model('dnsf');
+    assert.equal(model.state, 'ready');
+    assert.equal(model.endpoints.length, 1, JSON.stringify(model.endpoints));
+    assert.equal((await complete(act.port, 'dnsf')).status, 200, 'served from the kept list');
+    const lines = act.proc.output().split('\n').slice(mark).filter((l) => /event=(dns_|model_state)/.test(l));
+    assert.equal(lines.length, 1, lines.join('\n'));
+    dns.servfail = false;
+    assert.equal((await complete(act.port, 'dnsf')).status, 200);
     await assertAccounted(act);
   } finally {
     await act.stop();
