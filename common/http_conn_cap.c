@@ -48,7 +48,15 @@ static void refuse(struct http_conn_cap *c, struct evhttp_connection *evcon, int
                                  "\r\n"
                                  "too many connections\n";
     /* A fresh socket's send buffer is empty: this small answer goes out
-     * whole or not at all, and the client has sent nothing yet to reset it. */
+     * whole or not at all. What the client has sent already is read and
+     * dropped first: closing a socket with unread input sends a reset,
+     * which would discard the answer (a client still sending after this
+     * can get the reset anyway). */
+    char scratch[4096];
+    size_t drained = 0;
+    ssize_t n;
+    while (drained < 16384 && (n = recv(fd, scratch, sizeof(scratch), MSG_DONTWAIT)) > 0)
+        drained += (size_t)n;
     (void)send(fd, answer, sizeof(answer) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     c->refused++;
     int64_t now = clock_mono_ms();
@@ -92,7 +100,13 @@ static void settle_cb(evutil_socket_t fd, short what, void *arg)
 static struct bufferevent *new_connection_bev(struct event_base *base, void *arg)
 {
     struct http_conn_cap *c = arg;
-    struct bufferevent *bev = bufferevent_socket_new(base, -1, BEV_OPT_CLOSE_ON_FREE);
+    /* No BEV_OPT_CLOSE_ON_FREE, as evhttp's own: evhttp then closes the
+     * socket itself when it frees the connection, while the reference held
+     * here keeps the bufferevent alive. With it, a connection evhttp drops
+     * at once (it closes the fd itself then) would have its descriptor
+     * number closed again when that reference goes, by then maybe another
+     * connection's. */
+    struct bufferevent *bev = bufferevent_socket_new(base, -1, 0);
     if (!bev)
         return NULL; /* evhttp tries its own and drops the connection if that fails too */
     if (c->npending == c->pending_cap) {

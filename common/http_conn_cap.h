@@ -14,8 +14,9 @@
  * the owner must not set its own.
  *
  * Promises: the open count is exact while the server runs; every accepted
- * connection over the cap is answered and closed, counted and logged
- * (event=http_connections_full, at most every 10 s). */
+ * connection over the cap is closed, counted and logged
+ * (event=http_connections_full, at most every 10 s), and answered 503 as
+ * far as the client lets it be (one still sending may see a reset). */
 #ifndef THAW_HTTP_CONN_CAP_H
 #define THAW_HTTP_CONN_CAP_H
 
