@@ -14,6 +14,7 @@
 
 #include "alloc.h"
 #include "balance.h"
+#include "clock.h"
 #include "conn.h"
 #include "log.h"
 #include "probe.h"
@@ -55,6 +56,7 @@ struct dns_job {
     struct evdns_request *confirm[2];
     int confirm_result[2];
     int confirm_pending;
+    int64_t started_ms;
 };
 
 struct backend {
@@ -455,6 +457,10 @@ static long dns_refresh_period(const struct backend *b)
 
 static void dns_done(struct backend *b, int result, struct evutil_addrinfo *res);
 
+/* A failed lookup is confirmed (confirm_failure) only if it failed within
+ * this long: libevent's first timeout is 5 s. */
+#define DNS_CONFIRM_WITHIN_MS 2000
+
 static void confirm_step(struct dns_job *job, int idx, int result)
 {
     job->confirm[idx] = NULL; /* libevent frees it after this callback */
@@ -520,7 +526,11 @@ static void dns_cb(int result, struct evutil_addrinfo *res, void *arg)
     struct dns_job *job = arg;
     struct backend *b = job->b;
     job->req = NULL;
-    if (b && result == EVUTIL_EAI_FAIL && !res && confirm_failure(b, job))
+    /* A lookup that failed slowly timed out: asking again would only wait
+     * as long again before the next refresh. An answer without addresses
+     * comes as fast as any answer. */
+    if (b && result == EVUTIL_EAI_FAIL && !res &&
+        clock_mono_ms() - job->started_ms < DNS_CONFIRM_WITHIN_MS && confirm_failure(b, job))
         return; /* b->dns_job stays this job until confirm_step */
     thaw_free(job);
     if (!b) {
@@ -586,6 +596,7 @@ static void resolve(struct backend *b)
         return;
     }
     job->b = b;
+    job->started_ms = clock_mono_ms();
     b->dns_job = job;
     struct evutil_addrinfo hints;
     memset(&hints, 0, sizeof(hints));
