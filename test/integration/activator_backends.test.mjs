@@ -361,11 +361,12 @@ test('DNS backend: a host name resolved by the activator (localhost via /etc/hos
  * addresses in `addrs` (empty: NOERROR without an answer, as some resolvers
  * say a headless Service with no ready pod), AAAA with nothing; counts the A
  * queries. `nxdomain`: the name is not there (CoreDNS's answer for that
- * Service); `servfail`: every query of the name fails.
+ * Service); `servfail`: every query of the name fails; `delayMs`: answers
+ * that name this late.
  */
 async function startDns(name) {
   const sock = dgram.createSocket('udp4');
-  const dns = { addrs: [], queries: 0, nxdomain: false, servfail: false };
+  const dns = { addrs: [], queries: 0, nxdomain: false, servfail: false, delayMs: 0 };
   sock.on('message', (msg, rinfo) => {
     if (msg.length < 12) return;
     let off = 12;
@@ -396,7 +397,10 @@ async function startDns(name) {
       ip.split('.').forEach((b, i) => { rr[12 + i] = Number(b); });
       return rr;
     });
-    sock.send(Buffer.concat([head, msg.subarray(12, qEnd), ...rrs]), rinfo.port, rinfo.address);
+    const answer = Buffer.concat([head, msg.subarray(12, qEnd), ...rrs]);
+    const send = () => sock.send(answer, rinfo.port, rinfo.address, () => {});
+    if (match && dns.delayMs > 0) setTimeout(send, dns.delayMs);
+    else send();
   });
   await new Promise((resolve) => sock.bind(0, '127.0.0.1', resolve));
   dns.port = sock.address().port;
@@ -507,6 +511,33 @@ test('DNS backend, resolver failing (SERVFAIL): the last list is kept, the model
     assert.equal(lines.length, 1, lines.join('\n'));
     dns.servfail = false;
     assert.equal((await complete(act.port, 'dnsf')).status, 200);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await fv.stop();
+    await dns.close();
+  }
+});
+
+test('DNS backend: an answer without addresses that comes after 2 s (a resolver timing out upstream) keeps the list; a prompt one empties it', async () => {
+  const dns = await startDns('s.thaw.test');
+  dns.addrs = ['127.0.0.1'];
+  const port = await freePort();
+  const fv = await startFakeVllm({ model: 'dnss', port, waitReady: true });
+  const act = await startActivator(
+    { models: [{ name: 'dnss', backend: `http://s.thaw.test:${port}`, dnsRefreshSeconds: 0.2, ...fast }] },
+    { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
+  try {
+    assert.equal((await complete(act.port, 'dnss')).status, 200);
+    const mark = act.proc.mark();
+    dns.delayMs = 2500;
+    dns.addrs = [];
+    await act.proc.waitForLog(/event=dns_failed host=s\.thaw\.test .*kept_last_good=true/, 8000, { since: mark });
+    assert.equal((await act.model('dnss')).endpoints.length, 1, 'a slow failure is not asked again');
+    dns.delayMs = 0;
+    await act.proc.waitForLog(/event=model_state model=dnss from=ready to=cold event=endpoints_gone/, 8000,
+      { since: mark });
+    assert.match(act.proc.output().split('\n').slice(mark).join('\n'), /event=dns_no_addresses host=s\.thaw\.test/);
     await assertAccounted(act);
   } finally {
     await act.stop();
