@@ -3,6 +3,7 @@
 // HTTP/1.1 client that reports exactly what arrived (so a truncated response
 // can be told from a complete one), and the "accepted = answered" check with
 // the outcome breakdown in the failure message.
+import { execFile } from 'node:child_process';
 import fs from 'node:fs';
 import net from 'node:net';
 
@@ -29,6 +30,38 @@ export function nofileLimits(pid = process.pid) {
   const m = /Max open files\s+(\d+|unlimited)\s+(\d+|unlimited)/.exec(fs.readFileSync(`/proc/${pid}/limits`, 'utf8'));
   const n = (s) => (s === 'unlimited' ? Infinity : Number(s));
   return { soft: n(m[1]), hard: n(m[2]) };
+}
+
+/**
+ * Shells and systemd start processes with a soft open-file limit of 1024
+ * under a far higher hard one, and both binaries raise the soft one at
+ * start. Calls start() (which spawns one of them, a child inheriting this
+ * runner's limits) with the runner's soft limit lowered to 1024, then puts
+ * it back; checks that the process started has soft = hard and logs the
+ * raised limit in event=listening. Returns start()'s result (the caller
+ * stops it), or null when the hard limit leaves nothing to raise to.
+ */
+export async function checkNofileRaised(t, start) {
+  const own = nofileLimits();
+  if (!Number.isFinite(own.hard) || own.hard <= 1024) {
+    t.skip(`hard limit ${own.hard}: nothing to raise to`);
+    return null;
+  }
+  const setSoft = (soft) => new Promise((resolve) => {
+    execFile('/usr/bin/prlimit', ['--pid', String(process.pid), `--nofile=${soft}:${own.hard}`], { timeout: 5000 },
+      (err, stdout, stderr) => resolve(err ? `${err.message} ${stderr}` : null));
+  });
+  assert.equal(await setSoft(1024), null, 'prlimit');
+  let started;
+  try {
+    started = await start();
+  } finally {
+    assert.equal(await setSoft(own.soft), null, 'prlimit back');
+  }
+  assert.deepEqual(nofileLimits(started.proc.pid), { soft: own.hard, hard: own.hard });
+  assert.ok(started.proc.lines.some(({ line }) => /event=listening .*fd_limit=(\d+)/.exec(line)?.[1] === String(own.hard)),
+    'event=listening logs the raised limit');
+  return started;
 }
 
 /** True when the binaries under test were built with AddressSanitizer. */

@@ -8,6 +8,7 @@ import http2 from 'node:http2';
 import net from 'node:net';
 import { after, before, test } from 'node:test';
 
+import { checkNofileRaised } from './faults_lib.mjs';
 import { checkConnectionCap } from './lib/conn_cap.mjs';
 import { loadGrpc, startPrometheus, startRedis, waitUntil } from './lib/harness.mjs';
 import {
@@ -271,6 +272,11 @@ test('/healthz and /readyz answer 200; other paths 404; POST refused', async () 
   assert.equal((await scaler.get('/metrics', { method: 'PUT', body: 'x' })).status, 501);
   const head = await scaler.get('/healthz', { method: 'HEAD' });
   assert.equal(head.status, 200);
+});
+
+test('open-file limit: started under a low soft limit, thaw-scaler raises it to the hard one', async (t) => {
+  const s = await checkNofileRaised(t, () => startScaler({ prometheusUrl: prom.url, redisUrl: redis.url, name: 'scaler-nofile' }));
+  await s?.stop();
 });
 
 test('--http-max-connections: one connection over the cap gets 503 and is closed; closed ones free their place', async () => {
