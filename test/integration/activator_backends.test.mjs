@@ -408,6 +408,33 @@ async function startDns(name) {
   return dns;
 }
 
+/**
+ * A model served by one fake vLLM on 127.0.0.1, named in its backend URL by
+ * host, which a DNS server of its own resolves (re-resolved every 0.2 s);
+ * answered once, so ready. stop() stops all three.
+ */
+async function startDnsModel(host, model) {
+  const dns = await startDns(host);
+  dns.addrs = ['127.0.0.1'];
+  const port = await freePort();
+  const fv = await startFakeVllm({ model, port, waitReady: true });
+  const act = await startActivator(
+    { models: [{ name: model, backend: `http://${host}:${port}`, dnsRefreshSeconds: 0.2, ...fast }] },
+    { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
+  const stop = async () => {
+    await act.stop();
+    await fv.stop();
+    await dns.close();
+  };
+  try {
+    assert.equal((await complete(act.port, model)).status, 200);
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+  return { dns, port, fv, act, stop };
+}
+
 test('DNS backend, waking: the name is re-resolved every dnsRefreshWakingSeconds until a replica is healthy', async () => {
   const dns = await startDns('m.thaw.test');
   const port = await freePort();
@@ -488,15 +515,9 @@ test('DNS backend scaled to zero: a name that is not there (NXDOMAIN), or lists 
 });
 
 test('DNS backend, resolver failing (SERVFAIL): the last list is kept, the model stays ready, one log line', async () => {
-  const dns = await startDns('f.thaw.test');
-  dns.addrs = ['127.0.0.1'];
-  const port = await freePort();
-  const fv = await startFakeVllm({ model: 'dnsf', port, waitReady: true });
-  const act = await startActivator(
-    { models: [{ name: 'dnsf', backend: `http://f.thaw.test:${port}`, dnsRefreshSeconds: 0.2, ...fast }] },
-    { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
+  const m = await startDnsModel('f.thaw.test', 'dnsf');
+  const { dns, act } = m;
   try {
-    assert.equal((await complete(act.port, 'dnsf')).status, 200);
     const mark = act.proc.mark();
     const before = dns.queries;
     dns.servfail = true;
@@ -513,22 +534,14 @@ test('DNS backend, resolver failing (SERVFAIL): the last list is kept, the model
     assert.equal((await complete(act.port, 'dnsf')).status, 200);
     await assertAccounted(act);
   } finally {
-    await act.stop();
-    await fv.stop();
-    await dns.close();
+    await m.stop();
   }
 });
 
 test('DNS backend: an answer without addresses that comes after 2 s (a resolver timing out upstream) keeps the list; a prompt one empties it', async () => {
-  const dns = await startDns('s.thaw.test');
-  dns.addrs = ['127.0.0.1'];
-  const port = await freePort();
-  const fv = await startFakeVllm({ model: 'dnss', port, waitReady: true });
-  const act = await startActivator(
-    { models: [{ name: 'dnss', backend: `http://s.thaw.test:${port}`, dnsRefreshSeconds: 0.2, ...fast }] },
-    { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
+  const m = await startDnsModel('s.thaw.test', 'dnss');
+  const { dns, act } = m;
   try {
-    assert.equal((await complete(act.port, 'dnss')).status, 200);
     const mark = act.proc.mark();
     dns.delayMs = 2500;
     dns.addrs = [];
@@ -540,23 +553,15 @@ test('DNS backend: an answer without addresses that comes after 2 s (a resolver 
     assert.match(act.proc.output().split('\n').slice(mark).join('\n'), /event=dns_no_addresses host=s\.thaw\.test/);
     await assertAccounted(act);
   } finally {
-    await act.stop();
-    await fv.stop();
-    await dns.close();
+    await m.stop();
   }
 });
 
 test('DNS backend, rolling update seen in one answer (every address replaced): the new ones are probed, no wake, no cold start', async () => {
-  const dns = await startDns('r.thaw.test');
-  dns.addrs = ['127.0.0.1'];
-  const port = await freePort();
-  const fv1 = await startFakeVllm({ model: 'dnsr', port, waitReady: true });
-  const act = await startActivator(
-    { models: [{ name: 'dnsr', backend: `http://r.thaw.test:${port}`, dnsRefreshSeconds: 0.2, ...fast }] },
-    { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
+  const m = await startDnsModel('r.thaw.test', 'dnsr');
+  const { dns, port, act } = m;
   let fv2 = null;
   try {
-    assert.equal((await complete(act.port, 'dnsr')).status, 200);
     const coldStarts = (await act.model('dnsr')).coldStarts;
     fv2 = await startFakeVllm({ model: 'dnsr', port, host: '127.0.0.2', waitReady: true });
     const mark = act.proc.mark();
@@ -573,10 +578,8 @@ test('DNS backend, rolling update seen in one answer (every address replaced): t
     assert.deepEqual((await act.model('dnsr')).endpoints.map((e) => e.address), [`127.0.0.2:${port}`]);
     await assertAccounted(act);
   } finally {
-    await act.stop();
-    await fv1.stop();
+    await m.stop();
     await fv2?.stop();
-    await dns.close();
   }
 });
 
