@@ -6,7 +6,7 @@
 import { after, before, test } from 'node:test';
 
 import {
-  assert, assertAccounted, complete, fillSlotAndQueue, freePort, metricSum, request, sleep, startActivator,
+  assert, assertAccounted, complete, freePort, metricSum, request, sleep, startActivator,
   startFakeVllm, subscribe, waitUntil,
 } from './activator_lib.mjs';
 import fs from 'node:fs';
@@ -624,38 +624,3 @@ test('a model removed by a reload while requests are held: Redis sees them, then
   }
 });
 
-test('a reload that moves a ready model with queued requests to a dead backend wakes its wakeWith model, looked up by name', async () => {
-  const aPort = await freePort();
-  const fa = await startFakeVllm({ model: 'wa', port: aPort, waitReady: true, tokensPerSecond: 20 });
-  const [deadPort, bPort] = [await freePort(), await freePort()];
-  const wa = (port) => modelCfg('wa', port, { maxConcurrencyPerEndpoint: 1, wakeWith: ['wb'] });
-  const limits = { drainTimeoutSeconds: 2 };
-  const act = await startActivator({ limits, models: [wa(aPort), modelCfg('wx', bPort), modelCfg('wb', bPort)] },
-    { redisUrl: redis.url });
-  let fa2 = null;
-  try {
-    assert.equal((await complete(act.port, 'wa')).status, 200);
-    const { streaming, queued } = await fillSlotAndQueue(act, 'wa');
-    // wb and wx swap places: wb's index in the new config is wx's in the
-    // model set the reload replaces. wa's endpoints all go while it has a
-    // request queued: it wakes again, and with it wb (waking already since
-    // wa's first wake), never wx.
-    const since = act.proc.mark();
-    act.writeConfig({ limits, models: [wa(deadPort), modelCfg('wb', bPort), modelCfg('wx', bPort)] });
-    act.proc.proc.kill('SIGHUP');
-    await act.proc.waitForLog(/event=config_reloaded models=3/, 3000, { since });
-    await act.proc.waitForLog(/event=model_state model=wa from=ready to=waking event=endpoints_gone/, 3000, { since });
-    await sleep(200);
-    assert.equal((await act.model('wx')).state, 'cold', 'wx woken in wb\'s place');
-    assert.equal((await act.model('wb')).state, 'waking');
-    // The queued request waits for wa's new backend: it comes up.
-    fa2 = await startFakeVllm({ model: 'wa', port: deadPort });
-    assert.equal((await streaming).status, 200);
-    assert.equal((await queued).status, 200);
-    await assertAccounted(act);
-  } finally {
-    await act.stop();
-    await fa.stop();
-    await fa2?.stop();
-  }
-});

@@ -185,24 +185,33 @@ test('a removed model freed while Redis is unreachable: its thaw:held field is d
   }
 });
 
-test('a reload that adds wb and moves wa (wakeWith [wb], a request queued) to a dead backend wakes wb', async () => {
+/**
+ * Model wa (maxConcurrencyPerEndpoint 1, its wakeWith in `wakeWith`) is
+ * ready among `others`, with one streaming request on its one slot and one
+ * queued behind it. A reload moves wa to a backend that is not up, with
+ * `reloadedOthers` beside it; check(act, since) looks at what the reload
+ * did. Then wa's new backend comes up and both requests must get their
+ * answer.
+ */
+async function reloadQueuedToDeadBackend({ wakeWith, others, reloadedOthers, instanceId, check }) {
   const aPort = await freePort();
   const fa = await startFakeVllm({ model: 'wa', port: aPort, waitReady: true, tokensPerSecond: 20 });
   const [deadPort, bPort] = [await freePort(), await freePort()];
+  const wa = (port, ww) => modelCfg('wa', port, { maxConcurrencyPerEndpoint: 1, ...(ww ? { wakeWith: ww } : {}) });
   const limits = { drainTimeoutSeconds: 2 };
-  const act = await startActivator({ limits, models: [modelCfg('wa', aPort, { maxConcurrencyPerEndpoint: 1 })] },
-    { redisUrl: redis.url, instanceId: 'act-ww' });
+  const act = await startActivator({ limits, models: [wa(aPort, wakeWith.before), ...others(bPort)] },
+    { redisUrl: redis.url, instanceId });
   let fa2 = null;
   try {
     assert.equal((await complete(act.port, 'wa')).status, 200);
     const { streaming, queued } = await fillSlotAndQueue(act, 'wa');
     const since = act.proc.mark();
-    act.writeConfig({ limits, models: [modelCfg('wa', deadPort, { maxConcurrencyPerEndpoint: 1, wakeWith: ['wb'] }),
-      modelCfg('wb', bPort)] });
+    const models = [wa(deadPort, wakeWith.after), ...reloadedOthers(bPort)];
+    act.writeConfig({ limits, models });
     act.proc.proc.kill('SIGHUP');
-    await act.proc.waitForLog(/event=config_reloaded models=2/, 3000, { since });
-    await act.proc.waitForLog(/event=model_state model=wa from=ready to=waking/, 3000, { since });
-    await act.proc.waitForLog(/event=model_state model=wb from=cold to=waking event=wake/, 2000, { since });
+    await act.proc.waitForLog(new RegExp(`event=config_reloaded models=${models.length}`), 3000, { since });
+    await check(act, since);
+    // The queued request waits for wa's new backend: it comes up.
     fa2 = await startFakeVllm({ model: 'wa', port: deadPort });
     assert.equal((await streaming).status, 200);
     assert.equal((await queued).status, 200);
@@ -212,4 +221,35 @@ test('a reload that adds wb and moves wa (wakeWith [wb], a request queued) to a 
     await fa.stop();
     await fa2?.stop();
   }
+}
+
+test('a reload that moves a ready model with queued requests to a dead backend wakes its wakeWith model, looked up by name', async () => {
+  // wb and wx swap places: wb's index in the new config is wx's in the
+  // model set the reload replaces. wa's endpoints all go while it has a
+  // request queued: it wakes again, and with it wb (waking already since
+  // wa's first wake), never wx.
+  await reloadQueuedToDeadBackend({
+    wakeWith: { before: ['wb'], after: ['wb'] },
+    others: (port) => [modelCfg('wx', port), modelCfg('wb', port)],
+    reloadedOthers: (port) => [modelCfg('wb', port), modelCfg('wx', port)],
+    check: async (act, since) => {
+      await act.proc.waitForLog(/event=model_state model=wa from=ready to=waking event=endpoints_gone/, 3000, { since });
+      await sleep(200);
+      assert.equal((await act.model('wx')).state, 'cold', 'wx woken in wb\'s place');
+      assert.equal((await act.model('wb')).state, 'waking');
+    },
+  });
+});
+
+test('a reload that adds wb and moves wa (wakeWith [wb], a request queued) to a dead backend wakes wb', async () => {
+  await reloadQueuedToDeadBackend({
+    wakeWith: { before: null, after: ['wb'] },
+    others: () => [],
+    reloadedOthers: (port) => [modelCfg('wb', port)],
+    instanceId: 'act-ww',
+    check: async (act, since) => {
+      await act.proc.waitForLog(/event=model_state model=wa from=ready to=waking/, 3000, { since });
+      await act.proc.waitForLog(/event=model_state model=wb from=cold to=waking event=wake/, 2000, { since });
+    },
+  });
 });
