@@ -48,13 +48,21 @@ struct endpoint {
     unsigned char merge_origin;
 };
 
+struct dns_job;
+
+/* One of the plain lookups that confirm a failure (confirm_failure). */
+struct dns_confirm {
+    struct dns_job *job;
+    struct evdns_request *req; /* NULL once its callback ran */
+    int result;
+};
+
 struct dns_job {
     struct backend *b; /* NULL once the backend gave up on it */
     struct evdns_getaddrinfo_request *req;
     /* A lookup that failed is asked again as A and AAAA (confirm_failure): the
      * only way to tell "no such address" from a failure in libevent 2.1. */
-    struct evdns_request *confirm[2];
-    int confirm_result[2];
+    struct dns_confirm confirm[2];
     int confirm_pending;
     int64_t started_ms;
 };
@@ -461,17 +469,23 @@ static void dns_done(struct backend *b, int result, struct evutil_addrinfo *res)
  * this long: libevent's first timeout is 5 s. */
 #define DNS_CONFIRM_WITHIN_MS 2000
 
-static void confirm_step(struct dns_job *job, int idx, int result)
+static void confirm_cb(int result, char type, int count, int ttl, void *addrs, void *arg)
 {
-    job->confirm[idx] = NULL; /* libevent frees it after this callback */
-    job->confirm_result[idx] = result;
+    (void)type;
+    (void)count;
+    (void)ttl;
+    (void)addrs;
+    struct dns_confirm *c = arg;
+    struct dns_job *job = c->job;
+    c->req = NULL; /* libevent frees it after this callback */
+    c->result = result;
     if (--job->confirm_pending > 0)
         return;
     struct backend *b = job->b;
-    bool none[2];
+    bool none = true;
     for (int i = 0; i < 2; i++)
-        none[i] = job->confirm_result[i] == DNS_ERR_NODATA ||
-                  job->confirm_result[i] == DNS_ERR_NOTEXIST;
+        none = none && (job->confirm[i].result == DNS_ERR_NODATA ||
+                        job->confirm[i].result == DNS_ERR_NOTEXIST);
     thaw_free(job);
     if (!b)
         return;
@@ -480,44 +494,29 @@ static void confirm_step(struct dns_job *job, int idx, int result)
      * or NXDOMAIN): the name lists nothing, as a headless Service with no
      * ready pod under a server that does not say NXDOMAIN. Anything else,
      * a timeout or SERVFAIL among them, stays a failure. */
-    dns_done(b, none[0] && none[1] ? EVUTIL_EAI_NODATA : EVUTIL_EAI_FAIL, NULL);
-}
-
-static void confirm_a_cb(int result, char type, int count, int ttl, void *addrs, void *arg)
-{
-    (void)type;
-    (void)count;
-    (void)ttl;
-    (void)addrs;
-    confirm_step(arg, 0, result);
-}
-
-static void confirm_aaaa_cb(int result, char type, int count, int ttl, void *addrs, void *arg)
-{
-    (void)type;
-    (void)count;
-    (void)ttl;
-    (void)addrs;
-    confirm_step(arg, 1, result);
+    dns_done(b, none ? EVUTIL_EAI_NODATA : EVUTIL_EAI_FAIL, NULL);
 }
 
 /* libevent 2.1's getaddrinfo reports a NOERROR answer without addresses
  * (DNS_ERR_NODATA) as EVUTIL_EAI_FAIL, like a SERVFAIL or a timeout; the
  * plain A and AAAA lookups (same search list) say which it was. Returns
- * false when neither could be sent. Their callbacks never run before this
+ * false when neither could be sent (one not sent keeps DNS_ERR_UNKNOWN: the
+ * other finishes into a failure). Their callbacks never run before this
  * returns (libevent defers them). */
 static bool confirm_failure(struct backend *b, struct dns_job *job)
 {
+    struct evdns_request *(*const resolve_type[2])(struct evdns_base *, const char *, int,
+                                                   evdns_callback_type, void *) = {
+        evdns_base_resolve_ipv4, evdns_base_resolve_ipv6};
     job->confirm_pending = 0;
-    job->confirm_result[0] = job->confirm_result[1] = DNS_ERR_UNKNOWN;
-    job->confirm[0] = evdns_base_resolve_ipv4(b->dns, b->host, 0, confirm_a_cb, job);
-    if (job->confirm[0])
-        job->confirm_pending++;
-    job->confirm[1] = evdns_base_resolve_ipv6(b->dns, b->host, 0, confirm_aaaa_cb, job);
-    if (job->confirm[1])
-        job->confirm_pending++;
-    /* With one of them not sent its result stays DNS_ERR_UNKNOWN: the
-     * other finishes into a failure. */
+    for (int i = 0; i < 2; i++) {
+        struct dns_confirm *c = &job->confirm[i];
+        c->job = job;
+        c->result = DNS_ERR_UNKNOWN;
+        c->req = resolve_type[i](b->dns, b->host, 0, confirm_cb, c);
+        if (c->req)
+            job->confirm_pending++;
+    }
     return job->confirm_pending > 0;
 }
 
@@ -531,7 +530,7 @@ static void dns_cb(int result, struct evutil_addrinfo *res, void *arg)
      * comes as fast as any answer. */
     if (b && result == EVUTIL_EAI_FAIL && !res &&
         clock_mono_ms() - job->started_ms < DNS_CONFIRM_WITHIN_MS && confirm_failure(b, job))
-        return; /* b->dns_job stays this job until confirm_step */
+        return; /* b->dns_job stays this job until confirm_cb */
     thaw_free(job);
     if (!b) {
         if (res)
@@ -636,8 +635,8 @@ static void stop_source(struct backend *b)
         if (job->req)
             evdns_getaddrinfo_cancel(job->req); /* dns_cb runs on a later loop turn, frees job */
         for (int i = 0; i < 2; i++)
-            if (job->confirm[i]) /* confirm_step runs for each, the last frees job */
-                evdns_cancel_request(b->dns, job->confirm[i]);
+            if (job->confirm[i].req) /* confirm_cb runs for each, the last frees job */
+                evdns_cancel_request(b->dns, job->confirm[i].req);
     }
 }
 
