@@ -504,9 +504,7 @@ static int on_data_chunk(nghttp2_session *session, uint8_t flags, int32_t stream
             call_fail(call, GRPC_STATUS_RESOURCE_EXHAUSTED, msg);
         } else if (r == GRPC_READ_OVER_BUDGET) {
             srv->requests_over_budget++;
-            int64_t now = clock_mono_ms();
-            if (now - srv->over_budget_logged_ms >= 10000 || !srv->over_budget_logged_ms) {
-                srv->over_budget_logged_ms = now;
+            if (log_throttle(&srv->over_budget_logged_ms, clock_mono_ms())) {
                 LOG_WARN("grpc_request_budget_full",
                          "peer=%s held_bytes=%zu limit_bytes=%zu refused_total=%llu", call->conn->peer,
                          srv->request_bytes, srv->limits.max_request_bytes,

@@ -16,8 +16,6 @@
 #include "expo.h"
 #include "log.h"
 
-#define FULL_LOG_INTERVAL_MS 10000
-
 struct http_conn_cap {
     int max;
     int open;
@@ -59,9 +57,7 @@ static void refuse(struct http_conn_cap *c, struct evhttp_connection *evcon, int
         drained += (size_t)n;
     (void)send(fd, answer, sizeof(answer) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     c->refused++;
-    int64_t now = clock_mono_ms();
-    if (!c->full_logged_ms || now - c->full_logged_ms >= FULL_LOG_INTERVAL_MS) {
-        c->full_logged_ms = now;
+    if (log_throttle(&c->full_logged_ms, clock_mono_ms())) {
         LOG_WARN("http_connections_full", "server=%s open=%d limit=%d refused_total=%llu",
                  c->name, c->open, c->max, (unsigned long long)c->refused);
     }

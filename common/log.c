@@ -162,3 +162,11 @@ static void libevent_log_cb(int severity, const char *msg)
 }
 
 void log_route_libevent(void) { event_set_log_callback(libevent_log_cb); }
+
+bool log_throttle(int64_t *last_ms, int64_t now_ms)
+{
+    if (*last_ms && now_ms - *last_ms < LOG_THROTTLE_MS)
+        return false;
+    *last_ms = now_ms;
+    return true;
+}

@@ -7,7 +7,9 @@
 #ifndef THAW_LOG_H
 #define THAW_LOG_H
 
+#include <stdbool.h>
 #include <stddef.h>
+#include <stdint.h>
 
 enum log_level { LOG_LEVEL_DEBUG = 0, LOG_LEVEL_INFO, LOG_LEVEL_WARN, LOG_LEVEL_ERROR };
 
@@ -31,6 +33,13 @@ const char *log_quote(char *out, size_t outlen, const char *s);
 /* log_quote of a URL with the password in its userinfo (scheme://user:PASSWORD@host)
  * replaced by "REDACTED": URLs carry credentials, logs are widely readable. */
 const char *log_quote_url(char *out, size_t outlen, const char *url);
+
+/* For a warning repeated by a flood (a cap refusing clients): true, and
+ * *last_ms = now_ms, when nothing was logged yet (*last_ms 0) or the last
+ * line is LOG_THROTTLE_MS old; the caller logs only then, with a count of
+ * all so far. */
+#define LOG_THROTTLE_MS 10000
+bool log_throttle(int64_t *last_ms, int64_t now_ms);
 
 /* Routes libevent's own messages (evdns: "All nameservers have failed")
  * through log_emit as event=libevent, instead of its bare "[msg] ..." lines

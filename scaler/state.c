@@ -474,8 +474,7 @@ struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, cons
         /* Each target costs memory and a policy step every second until it
          * expires: a client inventing names must not grow that forever. */
         st->targets_refused++;
-        if (!st->full_logged_ms || now_ms - st->full_logged_ms >= 10000) {
-            st->full_logged_ms = now_ms;
+        if (log_throttle(&st->full_logged_ms, now_ms)) {
             char qns[300], qname[300];
             LOG_WARN("target_limit", "namespace=%s scaledobject=%s targets=%zu max_targets=%zu "
                      "refused_total=%llu",

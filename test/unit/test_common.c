@@ -310,6 +310,19 @@ static void capture(void *ud, const char *line, size_t len)
     snprintf(captured, sizeof(captured), "%.*s", (int)len, line);
 }
 
+/* The first warning of a flood is logged, then one per LOG_THROTTLE_MS. */
+static void test_log_throttle(void **unused)
+{
+    (void)unused;
+    int64_t last = 0;
+    assert_true(log_throttle(&last, 5));
+    assert_int_equal(last, 5);
+    assert_false(log_throttle(&last, 5 + LOG_THROTTLE_MS - 1));
+    assert_int_equal(last, 5);
+    assert_true(log_throttle(&last, 5 + LOG_THROTTLE_MS));
+    assert_int_equal(last, 5 + LOG_THROTTLE_MS);
+}
+
 static void test_log(void **unused)
 {
     char q[64];
@@ -409,6 +422,7 @@ int main(void)
         cmocka_unit_test(test_split_hostport),
         cmocka_unit_test(test_strmap),
         cmocka_unit_test(test_log),
+        cmocka_unit_test(test_log_throttle),
         cmocka_unit_test(test_model_name),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
