@@ -151,7 +151,8 @@ struct admin *admin_new(struct event_base *base, struct proxy *px, const char *h
         thaw_free(a);
         return NULL;
     }
-    a->cap = http_conn_cap_new(base, a->http, max_connections, "admin");
+    a->cap =
+        http_conn_cap_new(base, a->http, max_connections, HTTP_CONN_CAP_EVICT_IDLE_MS, "admin");
     if (!a->cap) {
         snprintf(err, errlen, "out of memory");
         admin_free(a);

@@ -16,12 +16,32 @@
 #include "expo.h"
 #include "log.h"
 
+/* An open connection, kept in order of its last activity (the least recent
+ * first): the first one idle long enough is closed to make room when the
+ * cap is reached, as nginx reuses idle keep-alive connections. */
+struct tracked_conn {
+    struct http_conn_cap *cap;
+    struct bufferevent *bev; /* a reference of ours: valid until the entry goes */
+    struct evbuffer_cb_entry *in_cb, *out_cb;
+    int64_t active_ms;
+    /* evhttp took request bytes and the answer has not all left: buffers
+     * empty between parsed header lines, or while a handler builds its
+     * answer later (thaw-scaler's pages), do not make it idle. */
+    bool in_request;
+    bool evicting; /* shut down, out of the list, waiting for evhttp to free it */
+    struct tracked_conn *prev, *next;
+};
+
 struct http_conn_cap {
     int max;
-    int open;
+    int open;     /* connections evhttp holds, evicting ones included */
+    int evicting; /* of those, shut down and not freed yet: their places are taken */
+    int64_t evict_idle_ms;
     uint64_t refused;
-    int64_t full_logged_ms;
+    uint64_t evicted;
+    int64_t refuse_logged_ms, evict_logged_ms; /* one line of each per 10 s at most */
     char name[32];
+    struct tracked_conn *oldest, *newest;
     /* Bufferevents handed to evhttp in this loop pass, each with a reference
      * of ours so that it outlives a connection evhttp frees at once. */
     struct bufferevent **pending;
@@ -29,12 +49,126 @@ struct http_conn_cap {
     struct event *settle;
 };
 
+static void list_unlink(struct http_conn_cap *c, struct tracked_conn *t)
+{
+    if (t->prev)
+        t->prev->next = t->next;
+    else
+        c->oldest = t->next;
+    if (t->next)
+        t->next->prev = t->prev;
+    else
+        c->newest = t->prev;
+    t->prev = t->next = NULL;
+}
+
+static void list_append(struct http_conn_cap *c, struct tracked_conn *t)
+{
+    t->prev = c->newest;
+    t->next = NULL;
+    if (c->newest)
+        c->newest->next = t;
+    else
+        c->oldest = t;
+    c->newest = t;
+}
+
+/* Bytes read or written: the connection is in use. */
+static void activity_cb(struct evbuffer *buf, const struct evbuffer_cb_info *info, void *arg)
+{
+    struct tracked_conn *t = arg;
+    if (t->evicting || (info->n_added == 0 && info->n_deleted == 0))
+        return;
+    if (buf == bufferevent_get_input(t->bev)) {
+        if (info->n_deleted > 0)
+            t->in_request = true; /* evhttp parsed some of a request */
+    } else if (info->n_deleted > 0 && info->orig_size + info->n_added == info->n_deleted) {
+        t->in_request = false; /* an answer has left whole */
+    }
+    t->active_ms = clock_mono_ms();
+    if (t != t->cap->newest) {
+        list_unlink(t->cap, t);
+        list_append(t->cap, t);
+    }
+}
+
+/* Runs from the connection's close callback, before evhttp frees the
+ * bufferevent: dropping our reference first leaves evhttp's the last. */
+static void tracked_release(struct tracked_conn *t)
+{
+    struct http_conn_cap *c = t->cap;
+    if (t->in_cb)
+        evbuffer_remove_cb_entry(bufferevent_get_input(t->bev), t->in_cb);
+    if (t->out_cb)
+        evbuffer_remove_cb_entry(bufferevent_get_output(t->bev), t->out_cb);
+    if (t->evicting) {
+        if (c->evicting > 0)
+            c->evicting--;
+    } else {
+        list_unlink(c, t);
+    }
+    if (c->open > 0)
+        c->open--;
+    bufferevent_decref(t->bev);
+    thaw_free(t);
+}
+
 static void connection_closed(struct evhttp_connection *evcon, void *arg)
 {
     (void)evcon;
-    struct http_conn_cap *c = arg;
-    if (c->open > 0)
-        c->open--;
+    tracked_release(arg);
+}
+
+/* The least recently active connection with nothing in its buffers, no
+ * request begun and not answered, and no bytes for evict_idle_ms: between
+ * requests, or opened and never used. */
+static struct tracked_conn *idle_victim(struct http_conn_cap *c, int64_t now_ms)
+{
+    struct tracked_conn *next;
+    for (struct tracked_conn *t = c->oldest; t; t = next) {
+        next = t->next;
+        /* Defensive: a connection evhttp freed without reporting it (its
+         * bufferevent, kept by our reference, has no callbacks left) must
+         * not have its old descriptor number shut down. */
+        bufferevent_data_cb rd = NULL, wr = NULL;
+        bufferevent_event_cb ev = NULL;
+        void *cbarg = NULL;
+        bufferevent_getcb(t->bev, &rd, &wr, &ev, &cbarg);
+        if (!ev) {
+            tracked_release(t);
+            continue;
+        }
+        if (now_ms - t->active_ms < c->evict_idle_ms)
+            return NULL; /* the rest are newer */
+        if (!t->in_request && evbuffer_get_length(bufferevent_get_input(t->bev)) == 0 &&
+            evbuffer_get_length(bufferevent_get_output(t->bev)) == 0)
+            return t;
+    }
+    return NULL;
+}
+
+/* Ends the connection as a client closing it would: evhttp reads the end of
+ * input, frees the connection through its usual path and reports the close.
+ * Its place counts as taken until then. */
+static void evict(struct http_conn_cap *c, struct tracked_conn *t)
+{
+    int fd = bufferevent_getfd(t->bev);
+    if (fd >= 0)
+        (void)shutdown(fd, SHUT_RDWR);
+    list_unlink(c, t);
+    t->evicting = true;
+    c->evicting++;
+    c->evicted++;
+}
+
+static void log_full(struct http_conn_cap *c, int64_t *last_ms, const char *action)
+{
+    if (log_throttle(last_ms, clock_mono_ms())) {
+        LOG_WARN("http_connections_full",
+                 "server=%s open=%d limit=%d action=%s refused_total=%llu evicted_total=%llu",
+                 c->name, c->open, c->max, action, (unsigned long long)c->refused,
+                 (unsigned long long)c->evicted);
+    }
 }
 
 static void refuse(struct http_conn_cap *c, struct evhttp_connection *evcon, int fd)
@@ -57,11 +191,33 @@ static void refuse(struct http_conn_cap *c, struct evhttp_connection *evcon, int
         drained += (size_t)n;
     (void)send(fd, answer, sizeof(answer) - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
     c->refused++;
-    if (log_throttle(&c->full_logged_ms, clock_mono_ms())) {
-        LOG_WARN("http_connections_full", "server=%s open=%d limit=%d refused_total=%llu",
-                 c->name, c->open, c->max, (unsigned long long)c->refused);
-    }
+    log_full(c, &c->refuse_logged_ms, "refuse");
     evhttp_connection_free(evcon);
+}
+
+/* Counts a connection in t (allocated by the caller, so that running out
+ * of memory is known before an idle connection is evicted for it) and
+ * starts following its activity; false when that fails (the caller frees t
+ * and refuses the connection). Takes over the pending reference. */
+static bool track(struct http_conn_cap *c, struct tracked_conn *t, struct evhttp_connection *evcon,
+                  struct bufferevent *bev)
+{
+    t->cap = c;
+    t->bev = bev;
+    t->active_ms = clock_mono_ms();
+    t->in_cb = evbuffer_add_cb(bufferevent_get_input(bev), activity_cb, t);
+    t->out_cb = evbuffer_add_cb(bufferevent_get_output(bev), activity_cb, t);
+    if (!t->in_cb || !t->out_cb) {
+        if (t->in_cb)
+            evbuffer_remove_cb_entry(bufferevent_get_input(bev), t->in_cb);
+        if (t->out_cb)
+            evbuffer_remove_cb_entry(bufferevent_get_output(bev), t->out_cb);
+        return false;
+    }
+    list_append(c, t);
+    c->open++;
+    evhttp_connection_set_closecb(evcon, connection_closed, t);
+    return true;
 }
 
 /* Runs after the accept pass that created the pending bufferevents: by then
@@ -72,6 +228,7 @@ static void settle_cb(evutil_socket_t fd, short what, void *arg)
     (void)fd;
     (void)what;
     struct http_conn_cap *c = arg;
+    int64_t now_ms = clock_mono_ms();
     for (size_t i = 0; i < c->npending; i++) {
         struct bufferevent *bev = c->pending[i];
         bufferevent_data_cb rd = NULL, wr = NULL;
@@ -80,15 +237,23 @@ static void settle_cb(evutil_socket_t fd, short what, void *arg)
         bufferevent_getcb(bev, &rd, &wr, &ev, &cbarg);
         struct evhttp_connection *evcon = cbarg;
         int sock = bufferevent_getfd(bev);
+        bool kept = false;
         if (evcon && sock >= 0 && evhttp_connection_get_bufferevent(evcon) == bev) {
-            if (c->open >= c->max) {
+            struct tracked_conn *t = thaw_calloc(1, sizeof(*t));
+            struct tracked_conn *victim = NULL;
+            if (t && c->open - c->evicting >= c->max && (victim = idle_victim(c, now_ms)) != NULL) {
+                evict(c, victim);
+                log_full(c, &c->evict_logged_ms, "evict");
+            }
+            if (t && c->open - c->evicting < c->max)
+                kept = track(c, t, evcon, bev);
+            if (!kept) {
+                thaw_free(t);
                 refuse(c, evcon, sock);
-            } else {
-                c->open++;
-                evhttp_connection_set_closecb(evcon, connection_closed, c);
             }
         }
-        bufferevent_decref(bev);
+        if (!kept)
+            bufferevent_decref(bev);
     }
     c->npending = 0;
 }
@@ -122,12 +287,14 @@ static struct bufferevent *new_connection_bev(struct event_base *base, void *arg
 }
 
 struct http_conn_cap *http_conn_cap_new(struct event_base *base, struct evhttp *http,
-                                        int max_connections, const char *name)
+                                        int max_connections, int64_t evict_idle_ms,
+                                        const char *name)
 {
     struct http_conn_cap *c = thaw_calloc(1, sizeof(*c));
     if (!c)
         return NULL;
     c->max = max_connections > 0 ? max_connections : 1;
+    c->evict_idle_ms = evict_idle_ms > 0 ? evict_idle_ms : 0;
     snprintf(c->name, sizeof(c->name), "%s", name ? name : "http");
     c->settle = event_new(base, -1, 0, settle_cb, c);
     if (!c->settle) {
@@ -144,6 +311,18 @@ void http_conn_cap_free(struct http_conn_cap *c)
         return;
     for (size_t i = 0; i < c->npending; i++)
         bufferevent_decref(c->pending[i]);
+    /* evhttp_free reported every connection it freed; none is left unless
+     * the owner freed the cap first, against the contract: then each live
+     * connection forgets its close callback before its entry goes. */
+    while (c->oldest) {
+        bufferevent_data_cb rd = NULL, wr = NULL;
+        bufferevent_event_cb ev = NULL;
+        void *cbarg = NULL;
+        bufferevent_getcb(c->oldest->bev, &rd, &wr, &ev, &cbarg);
+        if (ev && cbarg)
+            evhttp_connection_set_closecb(cbarg, NULL, NULL);
+        tracked_release(c->oldest);
+    }
     thaw_free(c->pending);
     event_free(c->settle);
     thaw_free(c);
@@ -152,6 +331,8 @@ void http_conn_cap_free(struct http_conn_cap *c)
 int http_conn_cap_open(const struct http_conn_cap *c) { return c->open; }
 
 uint64_t http_conn_cap_refused(const struct http_conn_cap *c) { return c->refused; }
+
+uint64_t http_conn_cap_evicted(const struct http_conn_cap *c) { return c->evicted; }
 
 void http_conn_cap_write_metrics(const struct http_conn_cap *c, struct evbuffer *out,
                                  const char *prefix, const char *what)
@@ -168,4 +349,11 @@ void http_conn_cap_write_metrics(const struct http_conn_cap *c, struct evbuffer 
              what);
     expo_family(out, name, "counter", help);
     expo_sample(out, name, NULL, (double)c->refused);
+    snprintf(name, sizeof(name), "%s_connections_evicted_total", prefix);
+    snprintf(help, sizeof(help),
+             "Idle connections to the %s port closed to make room for a new one because the "
+             "connection limit was reached.",
+             what);
+    expo_family(out, name, "counter", help);
+    expo_sample(out, name, NULL, (double)c->evicted);
 }

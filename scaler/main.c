@@ -752,7 +752,7 @@ static int listen_http(struct app *app, int *port, char *err, size_t errlen)
         return -1;
     }
     app->http_cap = http_conn_cap_new(app->base, app->http, (int)app->cfg.http_max_connections,
-                                      "http");
+                                      HTTP_CONN_CAP_EVICT_IDLE_MS, "http");
     if (!app->http_cap) {
         snprintf(err, errlen, "out of memory");
         return -1;

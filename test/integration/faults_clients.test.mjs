@@ -328,10 +328,10 @@ test(`${IDLE_CONNS} idle connections: all held open, other requests as fast as b
   }
 });
 
-test('admin crowd: one connection over --admin-max-connections gets 503 and is closed; closed ones free their place', async () => {
-  const act = await startActivator({ models: [modelCfg()] }, { args: ['--admin-max-connections', '3'] });
+test('admin crowd: one over --admin-max-connections closes an idle connection, or with none idle gets 503; closed ones free their place', async () => {
+  const act = await startActivator({ models: [modelCfg()] }, { args: ['--admin-max-connections', '4'] });
   try {
-    await checkConnectionCap({ port: act.adminPort, cap: 3, prefix: 'thaw_activator_admin', proc: act.proc, slow });
+    await checkConnectionCap({ port: act.adminPort, cap: 4, prefix: 'thaw_activator_admin', proc: act.proc, slow });
   } finally {
     await act.stop();
   }
