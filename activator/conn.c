@@ -6,7 +6,6 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <poll.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -17,6 +16,7 @@
 #include <event2/event.h>
 
 #include "alloc.h"
+#include "tcp_opts.h"
 
 #define READ_CHUNK 16384
 
@@ -425,17 +425,11 @@ static struct conn *conn_alloc(struct event_base *base, struct conn_flusher *f,
     return c;
 }
 
-static void set_nodelay(evutil_socket_t fd)
-{
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-}
-
 struct conn *conn_new_fd(struct event_base *base, struct conn_flusher *f, evutil_socket_t fd)
 {
     if (evutil_make_socket_nonblocking(fd) < 0)
         return NULL;
-    set_nodelay(fd);
+    (void)tcp_opts_apply(fd);
     return conn_alloc(base, f, fd);
 }
 
@@ -452,7 +446,7 @@ struct conn *conn_connect(struct event_base *base, struct conn_flusher *f,
     evutil_socket_t fd = socket(sa->sa_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
     if (fd < 0)
         return NULL;
-    set_nodelay(fd);
+    (void)tcp_opts_apply(fd);
     struct conn *c = conn_alloc(base, f, fd);
     if (!c) {
         close(fd);

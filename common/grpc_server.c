@@ -2,7 +2,6 @@
 
 #include <errno.h>
 #include <netinet/in.h>
-#include <netinet/tcp.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/socket.h>
@@ -20,6 +19,7 @@
 #include "expo.h"
 #include "grpc_frame.h"
 #include "log.h"
+#include "tcp_opts.h"
 #include "tls.h"
 
 #define UNKNOWN_METHOD ((size_t)-1)
@@ -729,8 +729,7 @@ static void accept_cb(struct evconnlistener *listener, evutil_socket_t fd, struc
         evutil_closesocket(fd);
         return;
     }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+    (void)tcp_opts_apply(fd);
     char host[INET6_ADDRSTRLEN] = "?";
     int port = 0;
     if (sa->sa_family == AF_INET) {

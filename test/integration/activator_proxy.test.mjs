@@ -13,6 +13,7 @@ import {
   assert, assertAccounted, complete, freePort, metricSum, promtoolCheck, rawBody, rawExchange, request,
   sleep, startActivator, startFakeVllm, statusCodes, waitUntil,
 } from './activator_lib.mjs';
+import { tcpKeepalive } from './lib/harness.mjs';
 
 let echo;           // {server, port, connections, requests}
 let fv;             // fake vLLM serving m1
@@ -305,6 +306,31 @@ test('keep-alive both sides and pipelining', async () => {
   assert.match(y.text, /^HTTP\/1\.1 200 OK/);
   assert.match(y.text, /Connection: close/i);
   assert.ok(y.closed);
+});
+
+test('client and pooled backend connections get TCP keepalive after 15 s idle, as Go programs set it', async () => {
+  const agent = new http.Agent({ keepAlive: true, maxSockets: 1 });
+  try {
+    const r = await request(act.port, { path: '/ka', headers: { host: 'echo.local' }, agent });
+    assert.equal(r.status, 200);
+    // The client's connection is still open (kept alive), and so is the
+    // pooled one to the backend.
+    for (const [port, side, what] of [[act.port, 'local', 'client'], [echo.port, 'remote', 'backend']]) {
+      // A socket with bytes unacknowledged shows its retransmission timer
+      // instead: look again until every one is quiet.
+      let socks = [];
+      await waitUntil(async () => {
+        socks = await tcpKeepalive(act.proc.pid, port, side);
+        return socks.length >= 1 && socks.every((s) => !/timer:\(on,/.test(s.line));
+      }, 5000, { what: `a ${what} connection, quiet` });
+      for (const s of socks) {
+        assert.ok(s.keepaliveInSeconds !== null && s.keepaliveInSeconds <= 15,
+          `${what} connection: keepalive probe due within 15 s (Linux's default is 2 h): ${s.line}`);
+      }
+    }
+  } finally {
+    agent.destroy();
+  }
 });
 
 test('a pooled connection the backend dropped is retried on a fresh one, invisibly', async () => {

@@ -178,6 +178,28 @@ export async function freePort() {
   throw new Error(`freePort: no free port in ${portRange.lo}-${portRange.hi - 1} after 200 tries`);
 }
 
+/**
+ * The established TCP sockets of process pid on a port (`local`: its own
+ * port is `port`; `remote`: the peer's is), each with the seconds to its
+ * keepalive probe, or null when it has no keepalive timer (`ss -tnop`).
+ */
+export function tcpKeepalive(pid, port, side = 'local') {
+  const filter = `( ${side === 'local' ? 'sport' : 'dport'} = :${port} )`;
+  return new Promise((resolve, reject) => {
+    execFile('ss', ['-tnopH', 'state', 'established', filter], (err, stdout) => {
+      if (err) { reject(err); return; }
+      const toSeconds = (t) => {
+        const m = /^(?:(\d+)min)?(?:(\d+)sec)?(?:(\d+)ms)?$/.exec(t);
+        return m ? Number(m[1] ?? 0) * 60 + Number(m[2] ?? 0) + Number(m[3] ?? 0) / 1000 : NaN;
+      };
+      resolve(stdout.split('\n').filter((l) => l.includes(`pid=${pid},`)).map((line) => {
+        const k = /timer:\(keepalive,([^,]+),/.exec(line);
+        return { line, keepaliveInSeconds: k ? toSeconds(k[1]) : null };
+      }));
+    });
+  });
+}
+
 /** A fresh directory under the system temp dir, removed at process exit. */
 export function tmpDir(prefix = 'thaw-test-') {
   const d = fs.mkdtempSync(path.join(os.tmpdir(), prefix));
