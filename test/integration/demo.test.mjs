@@ -119,9 +119,17 @@ test('the local demo replays a burst: nothing lost, scale from zero, up, and bac
   assert.ok(m.scaling.scaleFromZero >= 1, 'scaled from zero');
   assert.ok(tot.heldRequests >= 1, 'requests were held during the cold start');
   assert.equal(tot.heldSucceeded, tot.heldRequests, 'every held request succeeded');
-  // The first request waited for the whole cold start (2 s of weights and delay).
+  // The first request waited for the whole cold start (2 s of weights and
+  // delay) and, with nothing ahead of it, went out soon after. Later held
+  // requests also wait for a free batch slot: when the burst starts after
+  // the first replica is ready, some wait 14 s behind its 4 slots until
+  // more replicas come (about one run in seven), so the bound is the
+  // first one's.
   assert.ok(tot.holdMs.max >= 1500, `held as long as a cold start (max ${tot.holdMs.max} ms)`);
-  assert.ok(tot.holdMs.max < 15000, `released soon after the replica was ready (max ${tot.holdMs.max} ms)`);
+  const requests = fs.readFileSync(path.join(out, 'requests.jsonl'), 'utf8').trim().split('\n').map((l) => JSON.parse(l));
+  const first = requests.filter((r) => r.held).sort((a, b) => a.sentAt - b.sentAt)[0];
+  assert.ok(first.holdMs >= 1500 && first.holdMs < 15000,
+    `the first request was released soon after the replica was ready (held ${first.holdMs} ms)`);
   // Scale up under the burst, then back to zero.
   assert.ok(m.scaling.maxReady >= 2, `scaled up under the burst (max ready ${m.scaling.maxReady})`);
   assert.ok(m.scaling.scaleToZero >= 1, 'scaled to zero once idle');
