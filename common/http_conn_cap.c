@@ -49,6 +49,18 @@ struct http_conn_cap {
     struct event *settle;
 };
 
+/* The bufferevent's callback argument (evhttp's connection while it is
+ * live); NULL once evhttp has freed the connection (bufferevent_free
+ * clears the callbacks; the reference we hold keeps the struct). */
+static void *live_cbarg(struct bufferevent *bev)
+{
+    bufferevent_data_cb rd = NULL, wr = NULL;
+    bufferevent_event_cb ev = NULL;
+    void *cbarg = NULL;
+    bufferevent_getcb(bev, &rd, &wr, &ev, &cbarg);
+    return ev ? cbarg : NULL;
+}
+
 static void list_unlink(struct http_conn_cap *c, struct tracked_conn *t)
 {
     if (t->prev)
@@ -127,14 +139,9 @@ static struct tracked_conn *idle_victim(struct http_conn_cap *c, int64_t now_ms)
     struct tracked_conn *next;
     for (struct tracked_conn *t = c->oldest; t; t = next) {
         next = t->next;
-        /* Defensive: a connection evhttp freed without reporting it (its
-         * bufferevent, kept by our reference, has no callbacks left) must
+        /* Defensive: a connection evhttp freed without reporting it must
          * not have its old descriptor number shut down. */
-        bufferevent_data_cb rd = NULL, wr = NULL;
-        bufferevent_event_cb ev = NULL;
-        void *cbarg = NULL;
-        bufferevent_getcb(t->bev, &rd, &wr, &ev, &cbarg);
-        if (!ev) {
+        if (!live_cbarg(t->bev)) {
             tracked_release(t);
             continue;
         }
@@ -231,11 +238,7 @@ static void settle_cb(evutil_socket_t fd, short what, void *arg)
     int64_t now_ms = clock_mono_ms();
     for (size_t i = 0; i < c->npending; i++) {
         struct bufferevent *bev = c->pending[i];
-        bufferevent_data_cb rd = NULL, wr = NULL;
-        bufferevent_event_cb ev = NULL;
-        void *cbarg = NULL;
-        bufferevent_getcb(bev, &rd, &wr, &ev, &cbarg);
-        struct evhttp_connection *evcon = cbarg;
+        struct evhttp_connection *evcon = live_cbarg(bev);
         int sock = bufferevent_getfd(bev);
         bool kept = false;
         if (evcon && sock >= 0 && evhttp_connection_get_bufferevent(evcon) == bev) {
@@ -315,12 +318,9 @@ void http_conn_cap_free(struct http_conn_cap *c)
      * the owner freed the cap first, against the contract: then each live
      * connection forgets its close callback before its entry goes. */
     while (c->oldest) {
-        bufferevent_data_cb rd = NULL, wr = NULL;
-        bufferevent_event_cb ev = NULL;
-        void *cbarg = NULL;
-        bufferevent_getcb(c->oldest->bev, &rd, &wr, &ev, &cbarg);
-        if (ev && cbarg)
-            evhttp_connection_set_closecb(cbarg, NULL, NULL);
+        struct evhttp_connection *evcon = live_cbarg(c->oldest->bev);
+        if (evcon)
+            evhttp_connection_set_closecb(evcon, NULL, NULL);
         tracked_release(c->oldest);
     }
     thaw_free(c->pending);
@@ -334,26 +334,29 @@ uint64_t http_conn_cap_refused(const struct http_conn_cap *c) { return c->refuse
 
 uint64_t http_conn_cap_evicted(const struct http_conn_cap *c) { return c->evicted; }
 
+/* One sample family; its help is lead + what + tail. */
+static void write_family(struct evbuffer *out, const char *prefix, const char *suffix,
+                         const char *type, const char *lead, const char *what, const char *tail,
+                         double value)
+{
+    char name[128], help[256];
+    snprintf(name, sizeof(name), "%s_%s", prefix, suffix);
+    snprintf(help, sizeof(help), "%s%s%s", lead, what, tail);
+    expo_family(out, name, type, help);
+    expo_sample(out, name, NULL, value);
+}
+
 void http_conn_cap_write_metrics(const struct http_conn_cap *c, struct evbuffer *out,
                                  const char *prefix, const char *what)
 {
-    char name[128], help[256];
-    snprintf(name, sizeof(name), "%s_connections", prefix);
-    snprintf(help, sizeof(help), "Open connections to the %s port.", what);
-    expo_family(out, name, "gauge", help);
-    expo_sample(out, name, NULL, (double)c->open);
-    snprintf(name, sizeof(name), "%s_connections_refused_total", prefix);
-    snprintf(help, sizeof(help),
-             "Connections to the %s port answered 503 and closed because the connection "
-             "limit was reached.",
-             what);
-    expo_family(out, name, "counter", help);
-    expo_sample(out, name, NULL, (double)c->refused);
-    snprintf(name, sizeof(name), "%s_connections_evicted_total", prefix);
-    snprintf(help, sizeof(help),
-             "Idle connections to the %s port closed to make room for a new one because the "
-             "connection limit was reached.",
-             what);
-    expo_family(out, name, "counter", help);
-    expo_sample(out, name, NULL, (double)c->evicted);
+    write_family(out, prefix, "connections", "gauge", "Open connections to the ", what, " port.",
+                 (double)c->open);
+    write_family(out, prefix, "connections_refused_total", "counter", "Connections to the ", what,
+                 " port answered 503 and closed because the connection limit was reached.",
+                 (double)c->refused);
+    write_family(out, prefix, "connections_evicted_total", "counter",
+                 "Idle connections to the ", what,
+                 " port closed to make room for a new one because the connection limit was "
+                 "reached.",
+                 (double)c->evicted);
 }
