@@ -16,7 +16,8 @@ struct proxy;
 struct admin;
 
 /* host must be an IP literal; port 0 picks one. At most max_connections
- * are held open; one more is answered 503 and closed (common/http_conn_cap).
+ * are held open; one more closes the connection idle longest, or with none
+ * idle is answered 503 and closed (common/http_conn_cap).
  * Returns NULL with err. */
 struct admin *admin_new(struct event_base *base, struct proxy *px, const char *host, int port,
                         int max_connections, char *err, size_t errlen);

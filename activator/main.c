@@ -51,7 +51,8 @@ static const struct opt_def option_defs[] = {
     {"admin-listen", OPT_STRING, S(admin_listen), "0.0.0.0:8081", 0, 0,
      "admin address for /metrics, /healthz, /readyz, /models", NULL},
     {"admin-max-connections", OPT_INT, S(admin_max_connections), "256", 1, 1000000,
-     "connections the admin port holds open at once; one more is answered 503 and closed "
+     "connections the admin port holds open at once; one more closes the connection idle "
+     "longest (2 s at least) or, with none idle, is answered 503 and closed "
      "(scrapes and kubelet probes each take one for a moment)", NULL},
     {"redis-url", OPT_STRING, S(redis_url), NULL, 0, 0,
      "Redis URL redis://[:password@]host[:port][/db]; unset: no wake signals or held counts",

@@ -129,9 +129,10 @@ static const struct opt_def option_defs[] = {
     {"max-connections", OPT_INT, S(max_connections), "10000", 1, 1000000,
      "gRPC connections accepted at once", "maxConnections"},
     {"http-max-connections", OPT_INT, S(http_max_connections), "4096", 1, 1000000,
-     "connections the HTTP port holds open at once; one more is answered 503 and closed "
-     "(scrapes, probes and activators' wake posts each take one for a moment; an activator "
-     "has up to 256 posts in flight in a mass wake)",
+     "connections the HTTP port holds open at once; one more closes the connection idle "
+     "longest (2 s at least) or, with none idle, is answered 503 and closed (scrapes, "
+     "probes and activators' wake posts each take one for a moment; an activator has up to "
+     "256 posts in flight in a mass wake)",
      "httpMaxConnections"},
     {"max-request-bytes", OPT_INT, S(max_request_bytes), "67108864", 65536, 1073741824,
      "bytes that gRPC request messages still being read may hold, all connections together; "

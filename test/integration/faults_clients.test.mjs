@@ -17,9 +17,11 @@
 //                 fast as before, no CPU spent on them, RSS per connection
 //                 reported and bounded.
 //   admin crowd:  idle connections to the admin port up to
-//                 --admin-max-connections. Expected: one more is answered 503
-//                 and closed, the idle ones still work, a closed one frees
-//                 its place, all counted on /metrics.
+//                 --admin-max-connections. Expected: while they are fresh or
+//                 in use one more is answered 503 and closed; once idle for
+//                 2 s the least recently active one is closed to make room;
+//                 the others still work, a closed one frees its place, all
+//                 counted on /metrics.
 //   fd limit:     more idle connections than the activator's RLIMIT_NOFILE.
 //                 Expected: it keeps running and serves again once
 //                 descriptors are free, without spinning or flooding its log

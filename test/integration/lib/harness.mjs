@@ -178,12 +178,8 @@ export async function freePort() {
   throw new Error(`freePort: no free port in ${portRange.lo}-${portRange.hi - 1} after 200 tries`);
 }
 
-/**
- * The established TCP sockets of process pid on a port (`local`: its own
- * port is `port`; `remote`: the peer's is), each with the seconds to its
- * keepalive probe, or null when it has no keepalive timer (`ss -tnop`).
- */
-export function tcpKeepalive(pid, port, side = 'local') {
+/** One `ss -tnop` reading; see tcpKeepalive. */
+function tcpSockets(pid, port, side) {
   const filter = `( ${side === 'local' ? 'sport' : 'dport'} = :${port} )`;
   return new Promise((resolve, reject) => {
     execFile('ss', ['-tnopH', 'state', 'established', filter], (err, stdout) => {
@@ -198,6 +194,22 @@ export function tcpKeepalive(pid, port, side = 'local') {
       }));
     });
   });
+}
+
+/**
+ * The established TCP sockets of process pid on a port (`local`: its own
+ * port is `port`; `remote`: the peer's is), each with the seconds to its
+ * keepalive probe, or null when it has no keepalive timer. A socket with
+ * bytes unacknowledged shows its retransmission timer instead, so this
+ * reads again (up to 5 s) until there is one socket at least and none such.
+ */
+export async function tcpKeepalive(pid, port, side = 'local') {
+  let socks = [];
+  await waitUntil(async () => {
+    socks = await tcpSockets(pid, port, side);
+    return socks.length >= 1 && socks.every((s) => !/timer:\(on,/.test(s.line));
+  }, 5000, { what: `a quiet connection on ${side} port ${port}` });
+  return socks;
 }
 
 /** A fresh directory under the system temp dir, removed at process exit. */
