@@ -30,6 +30,7 @@
 #include "prom_source.h"
 #include "redis_guard.h"
 #include "redis_source.h"
+#include "restore.h"
 #include "service.h"
 #include "state.h"
 #include "tls.h"
@@ -65,6 +66,8 @@ struct settings {
     double tls_reload_interval_seconds;
     char *redis_key_prefix;
     char *allowed_namespaces;
+    double restore_window_seconds;
+    char *restore_series;
 };
 
 #define S(f) offsetof(struct settings, f)
@@ -107,6 +110,15 @@ static const struct opt_def option_defs[] = {
      "bursty demand is followed by the next burst); a ScaledObject's "
      "burstyScaleDownWindowSeconds overrides it",
      "burstyScaleDownStabilizationSeconds"},
+    {"restore-window-seconds", OPT_DOUBLE, S(restore_window_seconds), "180", 0, 86400,
+     "after a restart, a ScaledObject keeps the replicas last reported for it (read back "
+     "from Prometheus if reported within this long, --restore-series) for as long as its "
+     "scale-down window would have, at most this long (0: off)",
+     "restoreWindowSeconds"},
+    {"restore-series", OPT_STRING, S(restore_series), "thaw_scaler_desired_replicas", 0, 0,
+     "the series the restart read-back queries: thaw_scaler_desired_replicas as Prometheus "
+     "scrapes it, with matchers if other installs share the Prometheus",
+     "restoreSeries"},
     {"held-fresh-seconds", OPT_DOUBLE, S(held_fresh_seconds), "5", 1, 3600,
      "activator held-count fields older than this are ignored; a wake counts this long",
      "heldFreshSeconds"},
@@ -173,6 +185,10 @@ struct app {
     struct evhttp *http;
     struct http_conn_cap *http_cap;
     struct prom_source *prom;
+    struct prom_source *restore_prom; /* the read-back for new targets (restore.h) */
+    char restore_promql[2048];
+    bool restore_in_flight;
+    int64_t last_restore_ms; /* when the last read-back started */
     struct redis_source *redis;
     struct event *prom_timer, *redis_timer, *tick_timer, *sigterm, *sigint, *shutdown_timer;
     struct event *tls_timer;
@@ -207,6 +223,55 @@ static void prom_timer_cb(evutil_socket_t fd, short what, void *arg)
 }
 
 static void redis_read(struct app *app, int64_t now);
+
+static void restore_done(void *ud, int status, const struct prom_sample *samples, size_t n,
+                         const char *err)
+{
+    struct app *app = ud;
+    app->restore_in_flight = false;
+    scaler_state_restore_done(app->st, status == 0 ? samples : NULL, status == 0 ? n : 0,
+                              status == 0 ? NULL : err, clock_mono_ms());
+}
+
+/* Reads back what scalers reported for the targets new here (restore.h).
+ * One query serves every target that appeared before its answer. Targets
+ * whose answers wait are read back at once; after a failure the rest are
+ * retried this far apart while their window lasts. */
+#define RESTORE_RETRY_MS 5000
+static void restore_read(struct app *app)
+{
+    bool waiting = false;
+    if (!app->restore_prom || app->restore_in_flight ||
+        !scaler_state_restore_wanted(app->st, &waiting))
+        return;
+    int64_t now = clock_mono_ms();
+    if (!waiting && now - app->last_restore_ms < RESTORE_RETRY_MS)
+        return;
+    app->last_restore_ms = now;
+    app->restore_in_flight = true;
+    if (prom_source_query(app->restore_prom, app->restore_promql, RESTORE_LABEL, restore_done,
+                          app) != 0) {
+        app->restore_in_flight = false;
+        scaler_state_restore_done(app->st, NULL, 0, "the query could not start", now);
+    }
+}
+
+static int restore_setup(struct app *app, char *err, size_t errlen)
+{
+    int64_t window_ms = (int64_t)(app->cfg.restore_window_seconds * 1000);
+    if (window_ms <= 0)
+        return 0;
+    if (restore_query(app->restore_promql, sizeof(app->restore_promql), app->cfg.restore_series,
+                      window_ms) != 0) {
+        snprintf(err, errlen,
+                 "--restore-series must be a metric name, optionally with one {...} list of "
+                 "matchers, and --restore-window-seconds 0 or at least 1");
+        return -1;
+    }
+    app->restore_prom = prom_source_new(app->base, app->cfg.prometheus_url,
+                                        app->cfg.source_timeout_ms, err, errlen);
+    return app->restore_prom ? 0 : -1;
+}
 
 /* A batch in flight when a new target came does not cover it: read again
  * once both batches are back. */
@@ -286,6 +351,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
     /* Time alone changes decisions: stabilization windows and wake holds expire. */
     scaler_state_tick(app->st, clock_mono_ms());
     scaler_service_tick(app->svc, clock_mono_ms());
+    restore_read(app); /* should scheduling the read for a new target have failed */
 }
 
 /* A new target's calls wait for its first reading (service.c): take it now
@@ -297,6 +363,7 @@ static void read_now_cb(evutil_socket_t fd, short what, void *arg)
     struct app *app = arg;
     app->last_read_now_ms = clock_mono_ms();
     prom_timer_cb(-1, 0, app); /* an answer already on its way covers the target too */
+    restore_read(app);
     if (app->queue_in_flight || app->held_in_flight)
         app->redis_again = true;
     else if (redis_source_connected(app->redis))
@@ -796,6 +863,7 @@ static void app_free(struct app *app)
     scaler_service_free(app->svc);
     scaler_state_free(app->st);
     prom_source_free(app->prom);
+    prom_source_free(app->restore_prom);
     redis_source_free(app->redis);
     if (app->http)
         evhttp_free(app->http);
@@ -905,6 +973,7 @@ int main(int argc, char **argv)
         .scale_down_window_ms = (int64_t)(app.cfg.scale_down_stabilization_seconds * 1000),
         .bursty_scale_down_window_ms =
             (int64_t)(app.cfg.bursty_scale_down_stabilization_seconds * 1000),
+        .restore_window_ms = (int64_t)(app.cfg.restore_window_seconds * 1000),
         .wake_hold_ms = (int64_t)(app.cfg.held_fresh_seconds * 1000),
         .target_expiry_ms = (int64_t)(app.cfg.target_expiry_seconds * 1000),
         .max_targets = (size_t)app.cfg.max_targets,
@@ -950,6 +1019,11 @@ int main(int argc, char **argv)
                                sizeof(err));
     if (!app.prom) {
         LOG_ERROR("startup_failed", "error=\"prometheus: %s\"", err);
+        app_free(&app);
+        return 1;
+    }
+    if (restore_setup(&app, err, sizeof(err)) != 0) {
+        LOG_ERROR("startup_failed", "error=%s", log_quote(q1, sizeof(q1), err));
         app_free(&app);
         return 1;
     }

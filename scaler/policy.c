@@ -27,6 +27,7 @@
 static const char *const reason_names[POLICY_REASON_COUNT] = {
     "idle",     "token_rate",        "queue",    "held_requests",
     "stabilizing", "stale_source_hold", "forecast", "keep_warm",
+    "restored",
 };
 
 const char *policy_reason_to_str(enum policy_reason r)
@@ -106,6 +107,15 @@ void policy_state_init(struct policy_state *st)
     st->over_since_ms = NO_TIME;
     st->panic_since_ms = NO_TIME;
     st->ep_empty_ms = NO_TIME;
+    st->restore_until_ms = NO_TIME;
+}
+
+void policy_state_restore(struct policy_state *st, long floor, int64_t until_ms)
+{
+    if (floor <= 0 || (st->last_call_ms != NO_TIME && until_ms <= st->last_call_ms))
+        return;
+    st->restore_floor = floor < POLICY_MAX_REPLICAS ? floor : POLICY_MAX_REPLICAS;
+    st->restore_until_ms = until_ms < POLICY_MAX_TIME_MS ? until_ms : POLICY_MAX_TIME_MS;
 }
 
 /* Finite and non-negative, else 0: garbage from a source never scales. */
@@ -914,6 +924,23 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
     } else if (d.active && d.desired < 1) {
         d.desired = 1;
         d.reason = POLICY_REASON_KEEP_WARM;
+    }
+
+    /* A floor from before a restart stands in for the windows it forgot,
+     * until they would have let it go; a model seen busy and then idle since
+     * went to zero as it would have anyway. */
+    if (st->restore_until_ms != NO_TIME &&
+        (now_ms >= st->restore_until_ms || (st->seen_busy && !d.active)))
+        st->restore_until_ms = NO_TIME;
+    if (st->restore_until_ms != NO_TIME) {
+        /* With counts only (v1) an idle model keeps its window's answer
+         * while inactive: that answer says nothing of being active. */
+        if (!counts_only)
+            d.active = true;
+        if (d.desired < st->restore_floor) {
+            d.desired = st->restore_floor;
+            d.reason = POLICY_REASON_RESTORED;
+        }
     }
 
     bool stale = in->token_rate_stale || in->queue_stale || in->held_stale;

@@ -68,9 +68,11 @@
  *              (the ski-rental break-even).
  * Fail-safe: while any input is stale (its source failing), the decision never
  * goes down: desired >= the last desired, and a model last seen active stays
- * active. The same code runs in thaw-scaler, the unit tests and the replay
- * benchmark; it does no I/O and reads no clock. Any call rate works: history
- * is kept in time slots, not per call. */
+ * active. Restored floor (policy_state_restore, after a restart): desired >=
+ * the answer read back until its time is up. The same code runs in
+ * thaw-scaler, the unit tests and the replay benchmark; it does no I/O and
+ * reads no clock. Any call rate works: history is kept in time slots, not
+ * per call. */
 #ifndef THAW_POLICY_H
 #define THAW_POLICY_H
 
@@ -172,6 +174,7 @@ enum policy_reason {
     POLICY_REASON_STALE_HOLD,       /* a source is failing: no scale-down */
     POLICY_REASON_FORECAST,         /* the trend forecast is above the rate */
     POLICY_REASON_KEEP_WARM,        /* idle, one replica kept for the break-even time */
+    POLICY_REASON_RESTORED,         /* the floor read back after a restart (policy_state_restore) */
     POLICY_REASON_COUNT
 };
 
@@ -251,9 +254,22 @@ struct policy_state {
                                   * window: the bursty one does not reach back past it */
     int64_t down_window_ms;      /* the scale-down window the last decision used */
     double utilisation;          /* the utilisation target of the last decision */
+    /* A floor read back after a restart (policy_state_restore). */
+    long restore_floor;
+    int64_t restore_until_ms;    /* NO_TIME: none */
 };
 
 void policy_state_init(struct policy_state *st);
+
+/* After a restart the state is new, but the replicas asked for before it are
+ * still up and the windows that held them are forgotten. This keeps desired
+ * at least `floor`, and the target active (not with counts only, v1, whose
+ * windows hold an answer while inactive), until until_ms, the way the lost
+ * scale-down window would have, unless the model is seen busy and then goes
+ * idle first (going to zero clears every window). A floor <= 0 or an
+ * until_ms not after the last decision does nothing. The decision's reason
+ * is POLICY_REASON_RESTORED while the floor is what it reports. */
+void policy_state_restore(struct policy_state *st, long floor, int64_t until_ms);
 
 /* Decides at now_ms (monotonic, non-decreasing across calls; times below 0
  * or above POLICY_MAX_TIME_MS act as the nearest bound) and updates st. */

@@ -14,6 +14,7 @@
 #include "log.h"
 #include "prom_source.h"
 #include "redis_source.h"
+#include "restore.h"
 #include "strmap.h"
 
 struct model_sig {
@@ -85,6 +86,11 @@ struct target {
     /* Decided once on inputs all read since it appeared (see
      * target_awaiting_data). */
     bool fresh;
+    /* New here and not yet given what scalers reported for it before: its
+     * answers wait (pending), or, after a read-back failed, it is retried
+     * for restore_window_ms from when it appeared without holding them. */
+    bool restore_pending, restore_retry;
+    int64_t appeared_ms;
     enum policy_direction change_direction; /* of the last change, for "why" views */
     int64_t last_seen_ms;
     int64_t last_change_ms;
@@ -123,6 +129,10 @@ struct scaler_state {
     uint64_t updates; /* source updates applied, numbering them for changed_in */
     uint64_t targets_refused;
     int64_t full_logged_ms; /* one log line per 10 s at most */
+    /* Targets awaiting the read-back (restore.h), waiting or retried, and
+     * what the read-backs did. */
+    size_t restore_pending, restore_retry;
+    uint64_t restored_floors, restore_reads_ok, restore_reads_failed;
 };
 
 static const char *const source_names[SOURCE_COUNT] = {"prometheus", "redis_queue", "redis_held"};
@@ -309,7 +319,8 @@ static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
     bool had = t->decided;
     policy_decide(&p, &t->pstate, &in, now_ms, &t->decision);
     t->decided = true;
-    bool became_fresh = !t->fresh && !in.token_rate_stale && !in.queue_stale && !in.held_stale;
+    bool became_fresh = !t->fresh && !t->restore_pending && !in.token_rate_stale &&
+                        !in.queue_stale && !in.held_stale;
     if (became_fresh)
         t->fresh = true;
     if (had && !decision_differs(&prev, &t->decision)) {
@@ -445,6 +456,98 @@ static void model_unlink(struct target *t)
     t->model = NULL;
 }
 
+/* ---- restore after a restart or a failover ---------------------------- */
+
+/* The time a target's floor is held until: as long from its appearance as
+ * its own scale-down window would have held it (at most restore_window_ms). */
+static int64_t restore_until(const struct scaler_state *st, const struct target *t)
+{
+    struct policy_params p;
+    target_policy_params(st, t, &p);
+    int64_t hold = p.scale_down_window_ms > p.bursty_scale_down_window_ms
+                       ? p.scale_down_window_ms
+                       : p.bursty_scale_down_window_ms;
+    if (hold > st->cfg.restore_window_ms)
+        hold = st->cfg.restore_window_ms;
+    return t->appeared_ms + hold;
+}
+
+static void restore_clear(struct scaler_state *st, struct target *t)
+{
+    if (t->restore_pending)
+        st->restore_pending--;
+    if (t->restore_retry)
+        st->restore_retry--;
+    t->restore_pending = t->restore_retry = false;
+}
+
+bool scaler_state_restore_wanted(const struct scaler_state *st, bool *waiting)
+{
+    if (waiting)
+        *waiting = st->restore_pending > 0;
+    return st->restore_pending > 0 || st->restore_retry > 0;
+}
+
+uint64_t scaler_state_restored_floors(const struct scaler_state *st) { return st->restored_floors; }
+
+void scaler_state_restore_done(struct scaler_state *st, const struct prom_sample *samples,
+                               size_t n, const char *err, int64_t now_ms)
+{
+    if (!scaler_state_restore_wanted(st, NULL))
+        return;
+    struct restore_book *book = NULL;
+    size_t skipped = 0;
+    if (!err) {
+        book = restore_book_new();
+        if (!book || restore_book_fill(book, samples, n, 0, &skipped) < 0)
+            err = "out of memory";
+    }
+    if (err)
+        st->restore_reads_failed++;
+    else
+        st->restore_reads_ok++;
+    uint64_t floors_before = st->restored_floors;
+    size_t resolved = 0, retried = 0;
+    size_t cur = 0;
+    const char *key;
+    void *value;
+    while (strmap_next(st->targets, &cur, &key, &value)) {
+        struct target *t = value;
+        if (!t->restore_pending && !t->restore_retry)
+            continue;
+        bool was_pending = t->restore_pending;
+        int64_t until = restore_until(st, t);
+        restore_clear(st, t);
+        if (err) {
+            /* Its answers wait no more; it is read back later if time is left. */
+            if (now_ms < until) {
+                t->restore_retry = true;
+                st->restore_retry++;
+                retried++;
+            }
+        } else {
+            resolved++;
+            long floor = restore_book_floor(book, t->id);
+            if (floor > 0 && now_ms < until) {
+                policy_state_restore(&t->pstate, floor, until);
+                st->restored_floors++;
+            }
+        }
+        if (was_pending || !err)
+            decide(st, t, now_ms);
+    }
+    if (err) {
+        char q[300];
+        LOG_WARN("restore_failed", "reason=%s retried_targets=%zu", log_quote(q, sizeof(q), err),
+                 retried);
+    } else {
+        LOG_INFO("restore_done", "targets=%zu floors=%llu reported=%zu skipped=%zu", resolved,
+                 (unsigned long long)(st->restored_floors - floors_before),
+                 restore_book_count(book), skipped);
+    }
+    restore_book_free(book);
+}
+
 struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, const char *name,
                                    const struct scaler_spec *spec, int64_t now_ms)
 {
@@ -505,6 +608,11 @@ struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, cons
     t->queue = q;
     q->users++;
     model_link(m, t);
+    t->appeared_ms = now_ms;
+    if (st->cfg.restore_window_ms > 0) {
+        t->restore_pending = true;
+        st->restore_pending++;
+    }
     char qns[300], qname[300], qmodel[300], qkey[300];
     LOG_INFO("target_added", "namespace=%s scaledobject=%s model=%s redis_key=%s targets=%zu",
              log_quote(qns, sizeof(qns), ns), log_quote(qname, sizeof(qname), name),
@@ -528,8 +636,8 @@ void scaler_state_set_target_hooks(struct scaler_state *st, state_target_fn on_n
 bool target_awaiting_data(const struct target *t) { return !t->fresh; }
 bool target_first_read_due(const struct target *t)
 {
-    return !t->fresh &&
-           (!t->model->rate_measured || !t->queue->measured || !t->model->held_measured);
+    return !t->fresh && (t->restore_pending || !t->model->rate_measured ||
+                         !t->queue->measured || !t->model->held_measured);
 }
 
 bool scaler_state_source_failing(const struct scaler_state *st)
@@ -874,6 +982,7 @@ void scaler_state_gc(struct scaler_state *st, int64_t now_ms)
                  log_quote(qns, sizeof(qns), t->ns), log_quote(qname, sizeof(qname), t->name),
                  log_quote(qmodel, sizeof(qmodel), t->spec.model));
         strmap_remove(st->targets, t->id);
+        restore_clear(st, t);
         t->queue->users--;
         model_unlink(t);
         target_free(t);
@@ -1065,6 +1174,13 @@ static struct scaler_page *page_new(enum page_kind kind)
 static void target_row_fill(const struct scaler_state *st, const struct target *t, int64_t now_ms,
                             struct target_row *row)
 {
+    /* Not read back yet: what it would say now is not what it reports (its
+     * answers wait), and a scrape of it could replace, in Prometheus, the
+     * very answer the read-back is after. */
+    if (t->restore_pending || t->restore_retry) {
+        row->present = 0;
+        return;
+    }
     row->present = (uint16_t)((1u << PER_TARGET_FAMILIES) - 1);
     row->reason = (uint8_t)t->decision.reason;
     row->direction = (uint8_t)t->change_direction;
@@ -1144,7 +1260,21 @@ struct scaler_page *scaler_state_metrics_page(const struct scaler_state *st, int
                     "Calls for a new ScaledObject refused (RESOURCE_EXHAUSTED) because "
                     "--max-targets were known.") < 0 ||
         expo_sample_more(pg->head, "thaw_scaler_targets_refused_total", NULL, NULL,
-                         (double)st->targets_refused) < 0)
+                         (double)st->targets_refused) < 0 ||
+        expo_family(pg->head, "thaw_scaler_restored_floors_total", "counter",
+                    "Targets new to this scaler (a restart, a failover from another replica) "
+                    "that were given the replicas last reported for them, read back from "
+                    "Prometheus (--restore-window-seconds).") < 0 ||
+        expo_sample_more(pg->head, "thaw_scaler_restored_floors_total", NULL, NULL,
+                         (double)st->restored_floors) < 0 ||
+        expo_family(pg->head, "thaw_scaler_restore_reads_total", "counter",
+                    "Read-back queries answered (result ok) or failed (result failed: the "
+                    "targets waiting for it are answered without a floor and read back again "
+                    "while their window lasts).") < 0 ||
+        expo_sample_more(pg->head, "thaw_scaler_restore_reads_total", "result=\"ok\"", NULL,
+                         (double)st->restore_reads_ok) < 0 ||
+        expo_sample_more(pg->head, "thaw_scaler_restore_reads_total", "result=\"failed\"", NULL,
+                         (double)st->restore_reads_failed) < 0)
         goto fail;
 
     int failed = expo_family(pg->tail, "thaw_scaler_source_up", "gauge",
@@ -1186,8 +1316,8 @@ fail:
 
 /* A wake and the fall to zero are a model's rarest and most telling
  * decisions. rate() misses a series that appears at 1, so these two are
- * exposed at 0 from the model's first target on; the other 22 pairs appear
- * with their first decision (24 zero series per model would be most of
+ * exposed at 0 from the model's first target on; the other pairs appear
+ * with their first decision (3 x POLICY_REASON_COUNT zero series per model would be most of
  * /metrics at 10 000 models). Adds the samples written to *n; -1 when one
  * could not be written. */
 static int write_model_decisions(struct evbuffer *out, const char *model_labels,

@@ -35,6 +35,11 @@ struct scaler_state_config {
     /* What wakes may claim is held for one model, all activators together
      * (an activator's own count is capped by the caller); 0: no limit. */
     double max_wake_held;
+    /* A target new to this scaler gets the answer last reported for it
+     * within this long, read back from Prometheus (restore.h), as a floor
+     * held at most this long and no longer than its own scale-down window;
+     * 0: nothing is read back. */
+    int64_t restore_window_ms;
 };
 
 /* Reports a changed decision (desired, active or reason), old NULL for a new target. */
@@ -69,6 +74,27 @@ bool target_awaiting_data(const struct target *t);
  * yet: a reading is on its way. False when every source answered but the
  * answer is no reading (e.g. a NaN series): waiting would not help. */
 bool target_first_read_due(const struct target *t);
+/* The read-back (restore.h). With restore_window_ms > 0 a target new to
+ * this scaler (after a restart, or when KEDA fails over from another
+ * replica) is not fresh, and its first reading stays due
+ * (target_first_read_due), until a read-back answers: its first answers
+ * wait, as for a first reading, so KEDA never sees the forgetful one; its
+ * /metrics series are left out meanwhile (a scrape of them could replace
+ * the very answer being read back). restore_wanted says some target wants a
+ * read-back; *waiting (may be NULL) says some answers wait for it.
+ * restore_done takes the query's answer (samples with label RESTORE_LABEL,
+ * keyed like target ids; samples NULL and err set when the query failed) for
+ * every target that wants one: it holds the target's floor
+ * (policy_state_restore) until the shorter of restore_window_ms and its
+ * scale-down window (the longer of its steady and bursty ones) after it
+ * appeared, and decides it. After a failure the waiting targets are answered
+ * without a floor, and targets still inside that time want another read-back. */
+bool scaler_state_restore_wanted(const struct scaler_state *st, bool *waiting);
+void scaler_state_restore_done(struct scaler_state *st, const struct prom_sample *samples,
+                               size_t n, const char *err, int64_t now_ms);
+/* Targets given a floor so far. */
+uint64_t scaler_state_restored_floors(const struct scaler_state *st);
+
 /* True while any source's last read failed. */
 bool scaler_state_source_failing(const struct scaler_state *st);
 size_t scaler_state_target_count(const struct scaler_state *st);

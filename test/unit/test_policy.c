@@ -169,6 +169,7 @@ static void test_strings(void **unused)
     assert_string_equal(policy_direction_to_str(POLICY_DOWN), "down");
     assert_string_equal(policy_reason_to_str(POLICY_REASON_KEEP_WARM), "keep_warm");
     assert_string_equal(policy_reason_to_str(POLICY_REASON_FORECAST), "forecast");
+    assert_string_equal(policy_reason_to_str(POLICY_REASON_RESTORED), "restored");
 }
 
 /* ---- v1 parameters ------------------------------------------------------ */
@@ -1087,6 +1088,107 @@ static void test_v2_stale_hold(void **unused)
     assert_int_equal(d.reason, POLICY_REASON_STALE_HOLD);
 }
 
+/* A floor read back after a restart holds the replicas a busy model had
+ * until its time is up, then the demand decides again. */
+static void test_restore_floor_holds_until_its_time(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    policy_state_restore(&st, 6, 30000);
+    struct policy_decision d = run(&p, &st, 150, 0, 0, 0); /* the demand asks for 2 */
+    assert_int_equal(d.desired, 6);
+    assert_int_equal(d.raw, 2);
+    assert_true(d.active);
+    assert_int_equal(d.reason, POLICY_REASON_RESTORED);
+    d = run(&p, &st, 150, 0, 0, 29999);
+    assert_int_equal(d.desired, 6);
+    d = run(&p, &st, 750, 0, 0, 29999); /* more demand than the floor: the demand */
+    assert_int_equal(d.desired, 8);
+    assert_int_equal(d.reason, POLICY_REASON_TOKEN_RATE);
+    d = run(&p, &st, 150, 0, 0, 30000);
+    assert_int_equal(d.desired, 2);
+    assert_int_equal(d.reason, POLICY_REASON_TOKEN_RATE);
+    assert_int_equal(d.direction, POLICY_DOWN);
+    /* Once let go it stays gone. */
+    d = run(&p, &st, 150, 0, 0, 31000);
+    assert_int_equal(d.desired, 2);
+}
+
+/* A model idle since the restart stays active at the floor until its time
+ * (the replicas are up; the lost keep-warm would have decided); one seen
+ * busy and then idle goes to zero as it would have without a restart. */
+static void test_restore_floor_and_idle(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    policy_state_restore(&st, 3, 20000);
+    struct policy_decision d = run(&p, &st, 0, 0, 0, 0);
+    assert_int_equal(d.desired, 3);
+    assert_true(d.active);
+    assert_int_equal(d.reason, POLICY_REASON_RESTORED);
+    d = run(&p, &st, 0, 0, 0, 20000);
+    assert_int_equal(d.desired, 0);
+    assert_false(d.active);
+    assert_int_equal(d.reason, POLICY_REASON_IDLE);
+
+    p.keep_warm_max_ms = 0; /* idle means zero at once */
+    policy_state_init(&st);
+    policy_state_restore(&st, 3, 20000);
+    d = run(&p, &st, 150, 0, 0, 0);
+    assert_int_equal(d.desired, 3);
+    d = run(&p, &st, 0, 0, 0, 5000);
+    assert_int_equal(d.desired, 0);
+    assert_false(d.active);
+    d = run(&p, &st, 150, 0, 0, 6000); /* busy again: the floor is gone */
+    assert_int_equal(d.desired, 2);
+}
+
+/* With counts only (v1) an idle model's window holds an answer while it is
+ * inactive, and that answer is what gets read back: the floor holds the
+ * count, not activity. */
+static void test_restore_floor_counts_only(void **unused)
+{
+    struct policy_params p;
+    policy_params_v1(&p);
+    p.target_tokens_per_second = 100;
+    p.target_queue_length = 10;
+    struct policy_state st;
+    policy_state_init(&st);
+    policy_state_restore(&st, 3, 20000);
+    struct policy_decision d = run(&p, &st, 0, 0, 0, 0);
+    assert_int_equal(d.desired, 3);
+    assert_false(d.active);
+    d = run(&p, &st, 150, 0, 0, 1000);
+    assert_int_equal(d.desired, 3);
+    assert_true(d.active);
+    d = run(&p, &st, 150, 0, 0, 20000);
+    assert_int_equal(d.desired, 2);
+}
+
+/* Nothing to restore, or a time already past, leaves the state alone; the
+ * fail-safe still never goes below the restored answer. */
+static void test_restore_floor_edges(void **unused)
+{
+    struct policy_params p = v2();
+    struct policy_state st;
+    policy_state_init(&st);
+    policy_state_restore(&st, 0, 20000);
+    struct policy_decision d = run(&p, &st, 150, 0, 0, 0);
+    assert_int_equal(d.desired, 2);
+    policy_state_restore(&st, 5, 0); /* not after the last decision */
+    d = run(&p, &st, 150, 0, 0, 1000);
+    assert_int_equal(d.desired, 2);
+    policy_state_restore(&st, POLICY_MAX_REPLICAS + 5L, 10000);
+    d = run(&p, &st, 150, 0, 0, 2000);
+    assert_int_equal(d.desired, POLICY_MAX_REPLICAS);
+    struct policy_inputs in = {.token_rate_stale = true};
+    policy_decide(&p, &st, &in, 12000, &d);
+    assert_int_equal(d.desired, POLICY_MAX_REPLICAS);
+    assert_int_equal(d.reason, POLICY_REASON_STALE_HOLD);
+}
+
 /* A backlog above Q growing 2 requests/s from t0 with one replica's worth
  * of rate; returns the decision at t0 + at_s. */
 static struct policy_decision overload(const struct policy_params *p, struct policy_state *st,
@@ -1353,6 +1455,10 @@ int main(void)
         cmocka_unit_test(test_idle_by_activators_still_learns_tokens_per_request),
         cmocka_unit_test(test_zero_forgets_the_windows),
         cmocka_unit_test(test_v2_stale_hold),
+        cmocka_unit_test(test_restore_floor_holds_until_its_time),
+        cmocka_unit_test(test_restore_floor_and_idle),
+        cmocka_unit_test(test_restore_floor_edges),
+        cmocka_unit_test(test_restore_floor_counts_only),
         cmocka_unit_test(test_call_rate_does_not_matter),
         cmocka_unit_test(test_panic_on_new_overloads_only),
         cmocka_unit_test(test_panic_holds_until_the_overload_ends),

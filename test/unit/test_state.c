@@ -970,6 +970,158 @@ static void test_v2_exports_what_it_learned(void **unused)
     scaler_state_free(st);
 }
 
+/* The read-back: a new target waits for it as for a first reading, with
+ * its series left out of /metrics, then holds its floor for the shorter of
+ * the restore window and its own scale-down window from when it appeared; a
+ * target appearing later (KEDA failing over from another replica) gets its
+ * own read-back. */
+static void test_restore_holds_floors(void **unused)
+{
+    struct scaler_state_config c = cfg;
+    c.scale_down_window_ms = 30000;
+    c.bursty_scale_down_window_ms = 60000;
+    c.restore_window_ms = 45000;
+    struct scaler_state *st = scaler_state_new(&c, 0, on_change, NULL);
+    /* Policy v2: its bursty window counts in the hold (v1 has one window). */
+    struct scaler_spec a;
+    char err[128];
+    const char *k[] = {"model"};
+    const char *v[] = {"m1"};
+    assert_int_equal(metadata_parse(k, v, 1, &a, NULL, NULL, err, sizeof(err)), 0);
+    bool waiting = false;
+    assert_false(scaler_state_restore_wanted(st, &waiting));
+    struct target *t1 = scaler_state_upsert(st, "ns", "so1", &a, 0);
+    assert_true(scaler_state_restore_wanted(st, &waiting));
+    assert_true(waiting);
+    sources_read_empty(st, 100);
+    assert_true(target_awaiting_data(t1)); /* read, but the read-back is not in */
+    assert_true(target_first_read_due(t1));
+    struct evbuffer *hidden;
+    assert_null(strstr(render(st, 100, &hidden), "thaw_scaler_desired_replicas{"));
+    evbuffer_free(hidden);
+    struct prom_sample back[] = {{"ns/so1/m1", 4.2, false}, {"ns/so2/m1", 3, false},
+                                 {"ns/so1", 9, false},      {"ns/so3/m1", 0, false},
+                                 {"ns/so4/m2", 8, false}};
+    scaler_state_restore_done(st, back, 5, NULL, 1000);
+    assert_false(scaler_state_restore_wanted(st, NULL));
+    assert_false(target_awaiting_data(t1));
+    assert_int_equal(scaler_state_restored_floors(st), 1);
+    assert_int_equal(target_decision(t1)->desired, 5); /* 4.2 rounded up */
+    assert_true(target_decision(t1)->active);
+    assert_int_equal(target_decision(t1)->reason, POLICY_REASON_RESTORED);
+    struct evbuffer *why;
+    const char *text = render(st, 1000, &why);
+    assert_non_null(strstr(text, "reason=\"restored\""));
+    assert_non_null(strstr(text, "thaw_scaler_desired_replicas{namespace=\"ns\",scaledobject="
+                                 "\"so1\",model=\"m1\"} 5\n"));
+    evbuffer_free(why);
+
+    /* Later targets wait for their own read-back. so4 reads m2's answer
+     * only for its m2 target. */
+    struct target *t2 = scaler_state_upsert(st, "ns", "so2", &a, 2000);
+    struct target *t3 = scaler_state_upsert(st, "ns", "so3", &a, 2000);
+    struct target *t4 = scaler_state_upsert(st, "ns", "so4", &a, 2000);
+    assert_true(scaler_state_restore_wanted(st, NULL));
+    sources_read_empty(st, 2100);
+    assert_true(target_awaiting_data(t2));
+    scaler_state_restore_done(st, back, 5, NULL, 3000);
+    assert_int_equal(target_decision(t2)->desired, 3);
+    assert_int_equal(target_decision(t3)->desired, 0); /* last reported 0: nothing to hold */
+    assert_false(target_decision(t3)->active);
+    assert_int_equal(target_decision(t4)->desired, 0);
+    assert_int_equal(scaler_state_restored_floors(st), 2);
+    assert_int_equal(target_decision(t1)->desired, 5); /* not read back twice */
+
+    /* min(45 s, max(30 s, 60 s)) from each target's appearance. */
+    scaler_state_tick(st, 44999);
+    assert_int_equal(target_decision(t1)->desired, 5);
+    scaler_state_tick(st, 45000);
+    assert_int_equal(target_decision(t1)->desired, 0);
+    assert_int_equal(target_decision(t2)->desired, 3);
+    scaler_state_tick(st, 47000);
+    assert_int_equal(target_decision(t2)->desired, 0);
+
+    struct evbuffer *b;
+    text = render(st, 47000, &b);
+    assert_non_null(strstr(text, "\nthaw_scaler_restored_floors_total 2\n"));
+    assert_non_null(strstr(text, "\nthaw_scaler_restore_reads_total{result=\"ok\"} 2\n"));
+    assert_non_null(strstr(text, "\nthaw_scaler_restore_reads_total{result=\"failed\"} 0\n"));
+    evbuffer_free(b);
+    metadata_spec_finish(&a);
+    scaler_state_free(st);
+}
+
+/* A target's own scale-down window shorter than the restore window bounds
+ * the hold. A read-back that failed answers the waiting targets without a
+ * floor and keeps wanting one while their time lasts: a later answer still
+ * holds what is left of it. An expired target wants none; off, no wait. */
+static void test_restore_bounds_failure_and_retry(void **unused)
+{
+    struct scaler_state_config c = cfg;
+    c.scale_down_window_ms = 10000;
+    c.restore_window_ms = 45000;
+    struct scaler_state *st = scaler_state_new(&c, 0, on_change, NULL);
+    struct scaler_spec a = spec_for("m1", NULL);
+    struct target *t1 = scaler_state_upsert(st, "ns", "so1", &a, 0);
+    sources_read_empty(st, 100);
+    struct prom_sample back[] = {{"ns/so1/m1", 7, false}};
+    scaler_state_restore_done(st, back, 1, NULL, 1000);
+    assert_int_equal(target_decision(t1)->desired, 7);
+    scaler_state_tick(st, 9999);
+    assert_int_equal(target_decision(t1)->desired, 7);
+    scaler_state_tick(st, 10000);
+    assert_int_equal(target_decision(t1)->desired, 0);
+    scaler_state_free(st);
+
+    st = scaler_state_new(&c, 0, on_change, NULL);
+    t1 = scaler_state_upsert(st, "ns", "so1", &a, 0);
+    sources_read_empty(st, 100);
+    assert_true(target_awaiting_data(t1));
+    scaler_state_restore_done(st, NULL, 0, "HTTP 503", 1000);
+    assert_false(target_awaiting_data(t1)); /* answered, without a floor */
+    assert_int_equal(target_decision(t1)->desired, 0);
+    bool waiting = true;
+    assert_true(scaler_state_restore_wanted(st, &waiting));
+    assert_false(waiting);
+    struct evbuffer *hidden;
+    assert_null(strstr(render(st, 1000, &hidden), "thaw_scaler_desired_replicas{"));
+    evbuffer_free(hidden);
+    scaler_state_restore_done(st, back, 1, NULL, 6000); /* the retry: 4 s of 10 left */
+    assert_false(scaler_state_restore_wanted(st, NULL));
+    assert_int_equal(target_decision(t1)->desired, 7);
+    assert_int_equal(scaler_state_restored_floors(st), 1);
+    scaler_state_tick(st, 10000);
+    assert_int_equal(target_decision(t1)->desired, 0);
+
+    /* Failures past its time: wanted no more. */
+    struct target *t2 = scaler_state_upsert(st, "ns", "so2", &a, 20000);
+    sources_read_empty(st, 20100);
+    scaler_state_restore_done(st, NULL, 0, "timeout after 2000 ms", 20500);
+    assert_true(scaler_state_restore_wanted(st, NULL));
+    scaler_state_restore_done(st, NULL, 0, "timeout after 2000 ms", 30000);
+    assert_false(scaler_state_restore_wanted(st, NULL));
+    assert_false(target_awaiting_data(t2));
+    struct evbuffer *b;
+    assert_non_null(strstr(render(st, 30000, &b),
+                           "\nthaw_scaler_restore_reads_total{result=\"failed\"} 3\n"));
+    evbuffer_free(b);
+
+    scaler_state_upsert(st, "ns", "gone", &a, 31000);
+    assert_true(scaler_state_restore_wanted(st, NULL));
+    scaler_state_gc(st, 31000 + c.target_expiry_ms + 1);
+    assert_false(scaler_state_restore_wanted(st, NULL));
+    scaler_state_free(st);
+
+    c.restore_window_ms = 0;
+    st = scaler_state_new(&c, 0, on_change, NULL);
+    t1 = scaler_state_upsert(st, "ns", "so1", &a, 0);
+    assert_false(scaler_state_restore_wanted(st, NULL));
+    sources_read_empty(st, 100);
+    assert_false(target_awaiting_data(t1));
+    metadata_spec_finish(&a);
+    scaler_state_free(st);
+}
+
 int main(void)
 {
     const struct CMUnitTest tests[] = {
@@ -990,6 +1142,8 @@ int main(void)
         cmocka_unit_test(test_pages_out_of_memory),
         cmocka_unit_test(test_policy_v2_reaches_the_decision),
         cmocka_unit_test(test_v2_exports_what_it_learned),
+        cmocka_unit_test(test_restore_holds_floors),
+        cmocka_unit_test(test_restore_bounds_failure_and_retry),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
