@@ -188,7 +188,6 @@ struct app {
     struct prom_source *restore_prom; /* the read-back for new targets (restore.h) */
     char restore_promql[2048];
     bool restore_in_flight;
-    int64_t last_restore_ms; /* when the last read-back started */
     struct redis_source *redis;
     struct event *prom_timer, *redis_timer, *tick_timer, *sigterm, *sigint, *shutdown_timer;
     struct event *tls_timer;
@@ -234,25 +233,17 @@ static void restore_done(void *ud, int status, const struct prom_sample *samples
 }
 
 /* Reads back what scalers reported for the targets new here (restore.h).
- * One query serves every target that appeared before its answer. Targets
- * whose answers wait are read back at once; after a failure the rest are
- * retried this far apart while their window lasts. */
-#define RESTORE_RETRY_MS 5000
+ * One query serves every target that appeared before its answer. A failure
+ * only means they start afresh, as they did before this existed. */
 static void restore_read(struct app *app)
 {
-    bool waiting = false;
-    if (!app->restore_prom || app->restore_in_flight ||
-        !scaler_state_restore_wanted(app->st, &waiting))
+    if (!app->restore_prom || app->restore_in_flight || !scaler_state_restore_wanted(app->st))
         return;
-    int64_t now = clock_mono_ms();
-    if (!waiting && now - app->last_restore_ms < RESTORE_RETRY_MS)
-        return;
-    app->last_restore_ms = now;
     app->restore_in_flight = true;
     if (prom_source_query(app->restore_prom, app->restore_promql, RESTORE_LABEL, restore_done,
                           app) != 0) {
         app->restore_in_flight = false;
-        scaler_state_restore_done(app->st, NULL, 0, "the query could not start", now);
+        scaler_state_restore_done(app->st, NULL, 0, "the query could not start", clock_mono_ms());
     }
 }
 

@@ -928,9 +928,10 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
 
     /* A floor from before a restart stands in for the windows it forgot,
      * until they would have let it go; a model seen busy and then idle since
-     * went to zero as it would have anyway. */
+     * went to zero as it would have anyway (not with counts only: going
+     * inactive there clears no window). */
     if (st->restore_until_ms != NO_TIME &&
-        (now_ms >= st->restore_until_ms || (st->seen_busy && !d.active)))
+        (now_ms >= st->restore_until_ms || (!counts_only && st->seen_busy && !d.active)))
         st->restore_until_ms = NO_TIME;
     if (st->restore_until_ms != NO_TIME) {
         /* With counts only (v1) an idle model keeps its window's answer

@@ -266,7 +266,8 @@ void policy_state_init(struct policy_state *st);
  * at least `floor`, and the target active (not with counts only, v1, whose
  * windows hold an answer while inactive), until until_ms, the way the lost
  * scale-down window would have, unless the model is seen busy and then goes
- * idle first (going to zero clears every window). A floor <= 0 or an
+ * idle first (going to zero clears every window; with counts only it does
+ * not, and the floor stays). A floor <= 0 or an
  * until_ms not after the last decision does nothing. The decision's reason
  * is POLICY_REASON_RESTORED while the floor is what it reports. */
 void policy_state_restore(struct policy_state *st, long floor, int64_t until_ms);

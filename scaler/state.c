@@ -87,9 +87,8 @@ struct target {
      * target_awaiting_data). */
     bool fresh;
     /* New here and not yet given what scalers reported for it before: its
-     * answers wait (pending), or, after a read-back failed, it is retried
-     * for restore_window_ms from when it appeared without holding them. */
-    bool restore_pending, restore_retry;
+     * answers wait for the read-back. */
+    bool restore_pending;
     int64_t appeared_ms;
     enum policy_direction change_direction; /* of the last change, for "why" views */
     int64_t last_seen_ms;
@@ -129,9 +128,8 @@ struct scaler_state {
     uint64_t updates; /* source updates applied, numbering them for changed_in */
     uint64_t targets_refused;
     int64_t full_logged_ms; /* one log line per 10 s at most */
-    /* Targets awaiting the read-back (restore.h), waiting or retried, and
-     * what the read-backs did. */
-    size_t restore_pending, restore_retry;
+    /* Targets awaiting the read-back (restore.h), and what the read-backs did. */
+    size_t restore_pending;
     uint64_t restored_floors, restore_reads_ok, restore_reads_failed;
 };
 
@@ -476,24 +474,17 @@ static void restore_clear(struct scaler_state *st, struct target *t)
 {
     if (t->restore_pending)
         st->restore_pending--;
-    if (t->restore_retry)
-        st->restore_retry--;
-    t->restore_pending = t->restore_retry = false;
+    t->restore_pending = false;
 }
 
-bool scaler_state_restore_wanted(const struct scaler_state *st, bool *waiting)
-{
-    if (waiting)
-        *waiting = st->restore_pending > 0;
-    return st->restore_pending > 0 || st->restore_retry > 0;
-}
+bool scaler_state_restore_wanted(const struct scaler_state *st) { return st->restore_pending > 0; }
 
 uint64_t scaler_state_restored_floors(const struct scaler_state *st) { return st->restored_floors; }
 
 void scaler_state_restore_done(struct scaler_state *st, const struct prom_sample *samples,
                                size_t n, const char *err, int64_t now_ms)
 {
-    if (!scaler_state_restore_wanted(st, NULL))
+    if (!scaler_state_restore_wanted(st))
         return;
     struct restore_book *book = NULL;
     size_t skipped = 0;
@@ -507,39 +498,31 @@ void scaler_state_restore_done(struct scaler_state *st, const struct prom_sample
     else
         st->restore_reads_ok++;
     uint64_t floors_before = st->restored_floors;
-    size_t resolved = 0, retried = 0;
+    size_t resolved = 0;
     size_t cur = 0;
     const char *key;
     void *value;
     while (strmap_next(st->targets, &cur, &key, &value)) {
         struct target *t = value;
-        if (!t->restore_pending && !t->restore_retry)
+        if (!t->restore_pending)
             continue;
-        bool was_pending = t->restore_pending;
-        int64_t until = restore_until(st, t);
         restore_clear(st, t);
-        if (err) {
-            /* Its answers wait no more; it is read back later if time is left. */
-            if (now_ms < until) {
-                t->restore_retry = true;
-                st->restore_retry++;
-                retried++;
-            }
-        } else {
-            resolved++;
-            long floor = restore_book_floor(book, t->id);
-            if (floor > 0 && now_ms < until) {
-                policy_state_restore(&t->pstate, floor, until);
-                st->restored_floors++;
-            }
+        resolved++;
+        /* After a failure it is answered without a floor, and no later
+         * read-back gives it one: by then KEDA may have acted on that answer,
+         * and a floor coming back would scale up what was let go. */
+        long floor = err ? 0 : restore_book_floor(book, t->id);
+        int64_t until = restore_until(st, t);
+        if (floor > 0 && now_ms < until) {
+            policy_state_restore(&t->pstate, floor, until);
+            st->restored_floors++;
         }
-        if (was_pending || !err)
-            decide(st, t, now_ms);
+        decide(st, t, now_ms);
     }
     if (err) {
         char q[300];
-        LOG_WARN("restore_failed", "reason=%s retried_targets=%zu", log_quote(q, sizeof(q), err),
-                 retried);
+        LOG_WARN("restore_failed", "targets=%zu reason=%s effect=\"their policy starts afresh\"",
+                 resolved, log_quote(q, sizeof(q), err));
     } else {
         LOG_INFO("restore_done", "targets=%zu floors=%llu reported=%zu skipped=%zu", resolved,
                  (unsigned long long)(st->restored_floors - floors_before),
@@ -609,7 +592,9 @@ struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, cons
     q->users++;
     model_link(m, t);
     t->appeared_ms = now_ms;
-    if (st->cfg.restore_window_ms > 0) {
+    /* Only where a floor could hold: with no scale-down window (or the
+     * read-back off) there is nothing to wait for. */
+    if (st->cfg.restore_window_ms > 0 && restore_until(st, t) > now_ms) {
         t->restore_pending = true;
         st->restore_pending++;
     }
@@ -1177,7 +1162,7 @@ static void target_row_fill(const struct scaler_state *st, const struct target *
     /* Not read back yet: what it would say now is not what it reports (its
      * answers wait), and a scrape of it could replace, in Prometheus, the
      * very answer the read-back is after. */
-    if (t->restore_pending || t->restore_retry) {
+    if (t->restore_pending) {
         row->present = 0;
         return;
     }
@@ -1269,8 +1254,7 @@ struct scaler_page *scaler_state_metrics_page(const struct scaler_state *st, int
                          (double)st->restored_floors) < 0 ||
         expo_family(pg->head, "thaw_scaler_restore_reads_total", "counter",
                     "Read-back queries answered (result ok) or failed (result failed: the "
-                    "targets waiting for it are answered without a floor and read back again "
-                    "while their window lasts).") < 0 ||
+                    "targets waiting for it are answered without a floor).") < 0 ||
         expo_sample_more(pg->head, "thaw_scaler_restore_reads_total", "result=\"ok\"", NULL,
                          (double)st->restore_reads_ok) < 0 ||
         expo_sample_more(pg->head, "thaw_scaler_restore_reads_total", "result=\"failed\"", NULL,

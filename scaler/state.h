@@ -76,20 +76,18 @@ bool target_awaiting_data(const struct target *t);
 bool target_first_read_due(const struct target *t);
 /* The read-back (restore.h). With restore_window_ms > 0 a target new to
  * this scaler (after a restart, or when KEDA fails over from another
- * replica) is not fresh, and its first reading stays due
- * (target_first_read_due), until a read-back answers: its first answers
- * wait, as for a first reading, so KEDA never sees the forgetful one; its
- * /metrics series are left out meanwhile (a scrape of them could replace
- * the very answer being read back). restore_wanted says some target wants a
- * read-back; *waiting (may be NULL) says some answers wait for it.
- * restore_done takes the query's answer (samples with label RESTORE_LABEL,
- * keyed like target ids; samples NULL and err set when the query failed) for
- * every target that wants one: it holds the target's floor
- * (policy_state_restore) until the shorter of restore_window_ms and its
- * scale-down window (the longer of its steady and bursty ones) after it
- * appeared, and decides it. After a failure the waiting targets are answered
- * without a floor, and targets still inside that time want another read-back. */
-bool scaler_state_restore_wanted(const struct scaler_state *st, bool *waiting);
+ * replica) whose scale-down window could hold a floor is not fresh, and its
+ * first reading stays due (target_first_read_due), until a read-back
+ * answers: its first answers wait, as for a first reading, so KEDA never
+ * sees the forgetful one; its /metrics series are left out meanwhile (a
+ * scrape of them could replace the very answer being read back).
+ * restore_wanted says some target waits for it. restore_done takes the
+ * query's answer (samples with label RESTORE_LABEL, keyed like target ids;
+ * samples NULL and err set when the query failed: no floors) for every
+ * target waiting: it holds the target's floor (policy_state_restore) until
+ * the shorter of restore_window_ms and its scale-down window (the longer of
+ * its steady and bursty ones) after it appeared, and decides it. */
+bool scaler_state_restore_wanted(const struct scaler_state *st);
 void scaler_state_restore_done(struct scaler_state *st, const struct prom_sample *samples,
                                size_t n, const char *err, int64_t now_ms);
 /* Targets given a floor so far. */

@@ -1163,6 +1163,9 @@ static void test_restore_floor_counts_only(void **unused)
     d = run(&p, &st, 150, 0, 0, 1000);
     assert_int_equal(d.desired, 3);
     assert_true(d.active);
+    d = run(&p, &st, 0, 0, 0, 2000); /* busy, then idle: v1 keeps its count */
+    assert_false(d.active);
+    assert_int_equal(d.desired, 3);
     d = run(&p, &st, 150, 0, 0, 20000);
     assert_int_equal(d.desired, 2);
 }

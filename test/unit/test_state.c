@@ -988,11 +988,9 @@ static void test_restore_holds_floors(void **unused)
     const char *k[] = {"model"};
     const char *v[] = {"m1"};
     assert_int_equal(metadata_parse(k, v, 1, &a, NULL, NULL, err, sizeof(err)), 0);
-    bool waiting = false;
-    assert_false(scaler_state_restore_wanted(st, &waiting));
+    assert_false(scaler_state_restore_wanted(st));
     struct target *t1 = scaler_state_upsert(st, "ns", "so1", &a, 0);
-    assert_true(scaler_state_restore_wanted(st, &waiting));
-    assert_true(waiting);
+    assert_true(scaler_state_restore_wanted(st));
     sources_read_empty(st, 100);
     assert_true(target_awaiting_data(t1)); /* read, but the read-back is not in */
     assert_true(target_first_read_due(t1));
@@ -1003,7 +1001,7 @@ static void test_restore_holds_floors(void **unused)
                                  {"ns/so1", 9, false},      {"ns/so3/m1", 0, false},
                                  {"ns/so4/m2", 8, false}};
     scaler_state_restore_done(st, back, 5, NULL, 1000);
-    assert_false(scaler_state_restore_wanted(st, NULL));
+    assert_false(scaler_state_restore_wanted(st));
     assert_false(target_awaiting_data(t1));
     assert_int_equal(scaler_state_restored_floors(st), 1);
     assert_int_equal(target_decision(t1)->desired, 5); /* 4.2 rounded up */
@@ -1021,7 +1019,7 @@ static void test_restore_holds_floors(void **unused)
     struct target *t2 = scaler_state_upsert(st, "ns", "so2", &a, 2000);
     struct target *t3 = scaler_state_upsert(st, "ns", "so3", &a, 2000);
     struct target *t4 = scaler_state_upsert(st, "ns", "so4", &a, 2000);
-    assert_true(scaler_state_restore_wanted(st, NULL));
+    assert_true(scaler_state_restore_wanted(st));
     sources_read_empty(st, 2100);
     assert_true(target_awaiting_data(t2));
     scaler_state_restore_done(st, back, 5, NULL, 3000);
@@ -1053,9 +1051,10 @@ static void test_restore_holds_floors(void **unused)
 
 /* A target's own scale-down window shorter than the restore window bounds
  * the hold. A read-back that failed answers the waiting targets without a
- * floor and keeps wanting one while their time lasts: a later answer still
- * holds what is left of it. An expired target wants none; off, no wait. */
-static void test_restore_bounds_failure_and_retry(void **unused)
+ * floor, and a later one gives them none (KEDA may have acted on that
+ * answer). An expired target waits no more; with no window to hold, or the
+ * read-back off, nothing waits. */
+static void test_restore_bounds_and_failure(void **unused)
 {
     struct scaler_state_config c = cfg;
     c.scale_down_window_ms = 10000;
@@ -1064,58 +1063,57 @@ static void test_restore_bounds_failure_and_retry(void **unused)
     struct scaler_spec a = spec_for("m1", NULL);
     struct target *t1 = scaler_state_upsert(st, "ns", "so1", &a, 0);
     sources_read_empty(st, 100);
-    struct prom_sample back[] = {{"ns/so1/m1", 7, false}};
-    scaler_state_restore_done(st, back, 1, NULL, 1000);
+    struct prom_sample back[] = {{"ns/so1/m1", 7, false}, {"ns/so2/m1", 7, false}};
+    scaler_state_restore_done(st, back, 2, NULL, 1000);
     assert_int_equal(target_decision(t1)->desired, 7);
     scaler_state_tick(st, 9999);
     assert_int_equal(target_decision(t1)->desired, 7);
     scaler_state_tick(st, 10000);
     assert_int_equal(target_decision(t1)->desired, 0);
-    scaler_state_free(st);
 
-    st = scaler_state_new(&c, 0, on_change, NULL);
-    t1 = scaler_state_upsert(st, "ns", "so1", &a, 0);
-    sources_read_empty(st, 100);
-    assert_true(target_awaiting_data(t1));
-    scaler_state_restore_done(st, NULL, 0, "HTTP 503", 1000);
-    assert_false(target_awaiting_data(t1)); /* answered, without a floor */
-    assert_int_equal(target_decision(t1)->desired, 0);
-    bool waiting = true;
-    assert_true(scaler_state_restore_wanted(st, &waiting));
-    assert_false(waiting);
+    struct target *t2 = scaler_state_upsert(st, "ns", "so2", &a, 11000);
+    sources_read_empty(st, 11100);
+    assert_true(target_awaiting_data(t2));
     struct evbuffer *hidden;
-    assert_null(strstr(render(st, 1000, &hidden), "thaw_scaler_desired_replicas{"));
+    assert_null(strstr(render(st, 11100, &hidden), "scaledobject=\"so2\""));
     evbuffer_free(hidden);
-    scaler_state_restore_done(st, back, 1, NULL, 6000); /* the retry: 4 s of 10 left */
-    assert_false(scaler_state_restore_wanted(st, NULL));
-    assert_int_equal(target_decision(t1)->desired, 7);
+    scaler_state_restore_done(st, NULL, 0, "HTTP 503", 12000);
+    assert_false(target_awaiting_data(t2)); /* answered, without a floor */
+    assert_false(scaler_state_restore_wanted(st));
+    assert_int_equal(target_decision(t2)->desired, 0);
+    struct evbuffer *shown;
+    assert_non_null(strstr(render(st, 12000, &shown), "scaledobject=\"so2\""));
+    evbuffer_free(shown);
+    struct target *t3 = scaler_state_upsert(st, "ns", "so3", &a, 13000);
+    scaler_state_restore_done(st, back, 2, NULL, 14000); /* so3's; not so2's any more */
+    assert_int_equal(target_decision(t2)->desired, 0);
+    (void)t3;
     assert_int_equal(scaler_state_restored_floors(st), 1);
-    scaler_state_tick(st, 10000);
-    assert_int_equal(target_decision(t1)->desired, 0);
-
-    /* Failures past its time: wanted no more. */
-    struct target *t2 = scaler_state_upsert(st, "ns", "so2", &a, 20000);
-    sources_read_empty(st, 20100);
-    scaler_state_restore_done(st, NULL, 0, "timeout after 2000 ms", 20500);
-    assert_true(scaler_state_restore_wanted(st, NULL));
-    scaler_state_restore_done(st, NULL, 0, "timeout after 2000 ms", 30000);
-    assert_false(scaler_state_restore_wanted(st, NULL));
-    assert_false(target_awaiting_data(t2));
     struct evbuffer *b;
-    assert_non_null(strstr(render(st, 30000, &b),
-                           "\nthaw_scaler_restore_reads_total{result=\"failed\"} 3\n"));
+    assert_non_null(strstr(render(st, 14000, &b),
+                           "\nthaw_scaler_restore_reads_total{result=\"failed\"} 1\n"));
     evbuffer_free(b);
 
     scaler_state_upsert(st, "ns", "gone", &a, 31000);
-    assert_true(scaler_state_restore_wanted(st, NULL));
+    assert_true(scaler_state_restore_wanted(st));
     scaler_state_gc(st, 31000 + c.target_expiry_ms + 1);
-    assert_false(scaler_state_restore_wanted(st, NULL));
+    assert_false(scaler_state_restore_wanted(st));
     scaler_state_free(st);
 
+    /* No scale-down window: no floor could hold, so nothing waits. */
+    c.scale_down_window_ms = 0;
+    st = scaler_state_new(&c, 0, on_change, NULL);
+    t1 = scaler_state_upsert(st, "ns", "so1", &a, 0);
+    assert_false(scaler_state_restore_wanted(st));
+    sources_read_empty(st, 100);
+    assert_false(target_awaiting_data(t1));
+    scaler_state_free(st);
+
+    c.scale_down_window_ms = 10000;
     c.restore_window_ms = 0;
     st = scaler_state_new(&c, 0, on_change, NULL);
     t1 = scaler_state_upsert(st, "ns", "so1", &a, 0);
-    assert_false(scaler_state_restore_wanted(st, NULL));
+    assert_false(scaler_state_restore_wanted(st));
     sources_read_empty(st, 100);
     assert_false(target_awaiting_data(t1));
     metadata_spec_finish(&a);
@@ -1143,7 +1141,7 @@ int main(void)
         cmocka_unit_test(test_policy_v2_reaches_the_decision),
         cmocka_unit_test(test_v2_exports_what_it_learned),
         cmocka_unit_test(test_restore_holds_floors),
-        cmocka_unit_test(test_restore_bounds_failure_and_retry),
+        cmocka_unit_test(test_restore_bounds_and_failure),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
 }
