@@ -12,7 +12,7 @@
 #include "strmap.h"
 
 struct restore_book {
-    /* "ns/name" -> floor, stored in the pointer: floors are 1 ..
+    /* "ns/name/model" -> floor, stored in the pointer: floors are 1 ..
      * POLICY_MAX_REPLICAS, so NULL (absent) is never a floor. NULL while
      * empty. */
     struct strmap *floors;

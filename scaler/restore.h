@@ -38,9 +38,10 @@ void restore_book_free(struct restore_book *b);
 
 /* Replaces the book's floors with the query's answer. Values below 1 hold
  * nothing; samples that are invalid or whose label is not "ns/name/model"
- * are skipped (counted in *skipped); values are rounded up and capped at POLICY_MAX_REPLICAS; at most
- * max_entries are kept (0: no limit). Returns the number of floors kept, or
- * -1 on allocation failure (the book is then empty). */
+ * are skipped (counted in *skipped); values are rounded up and capped at
+ * POLICY_MAX_REPLICAS; at most max_entries are kept (0: no limit). Returns
+ * the number of floors kept, or -1 on allocation failure (the book is then
+ * empty). */
 long restore_book_fill(struct restore_book *b, const struct prom_sample *samples, size_t n,
                        size_t max_entries, size_t *skipped);
 /* The floor read back for a target ("ns/name/model"), 0 if none. */
