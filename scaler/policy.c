@@ -60,7 +60,7 @@ void policy_params_defaults(struct policy_params *p)
     p->queue_window_ms = 45000;
     p->keep_warm_cost = 1;
     p->keep_warm_max_ms = 1800000;
-    p->surge_hold_ms = 30000;
+    p->surge_hold_ms = 20000;
     p->tokens_per_request = 256;
     p->drain_time_factor = 0.33;
     p->late_after_ms = 0;

@@ -1,0 +1,139 @@
+// How far joint tuning of thaw's knobs gets on the four Azure cells: a
+// random search over 14 knobs at once, then a local search from a setting.
+// replay_grid.mjs tries every combination of a few values of six knobs; this
+// samples the whole space (each knob kept at its default or drawn uniformly
+// from a range around it) and reports, per Azure cell, whether any sample
+// dominates both baselines and the samples closest to doing so.
+//
+//   node bench/replay_search.mjs random N [SEED]     # N random settings
+//   node bench/replay_search.mjs climb N SEED 'k=v,...'  # N steps from a setting
+//
+// Prints one line per setting tried (random) or per improvement (climb): the
+// Azure cells it wins, the setting, and every cell's verdict as thaw-replay
+// prints it. A climb scores a setting by the cells it wins (100 each) plus
+// its shortfalls (requests short / 10 and % GPU-s over, against each
+// baseline), so it moves towards the nearest win. tokens_per_request stays
+// at its prior: fitting it to a trace's own mean would be knowing the trace.
+//
+// Environment: THAW_BUILD_DIR (default <repo>/build), THAW_TRACE_DIR (default
+// <repo>/../shared/traces). Bounded: N replays of both Azure traces, about
+// 0.4 s each, one at a time; each has a 120 s timeout.
+
+import { execFileSync } from 'node:child_process';
+import path from 'node:path';
+import { fileURLToPath } from 'node:url';
+
+const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
+const build = path.resolve(process.env.THAW_BUILD_DIR || path.join(repo, 'build'));
+const bin = path.join(build, 'bench', 'replay', 'thaw-replay');
+const traces = path.resolve(process.env.THAW_TRACE_DIR || path.join(repo, '..', 'shared', 'traces'));
+
+// name: [low, high, default, integer]; the defaults are scaler/policy.c's.
+const KNOBS = {
+  target_utilisation: [0.8, 0.95, 0.88, false],
+  scale_down_window_s: [45, 240, 90, true],
+  trend_window_s: [120, 315, 240, true],
+  queue_window_s: [20, 90, 45, true],
+  keep_warm_cost: [0.5, 1.5, 1, false],
+  surge_hold_s: [0, 45, 20, true],
+  drain_time_factor: [0.2, 0.6, 0.33, false],
+  wake_backlog_share: [0.3, 1.1, 0.75, false],
+  staffing_beta: [0.8, 1.7, 1.25, false],
+  wake_request_cost: [0.4, 1.3, 0.75, false],
+  burst_cv: [0.7, 1.5, 1, false],
+  bursty_utilisation: [0.8, 1, 0.92, false],
+  bursty_scale_down_window_s: [90, 300, 180, true],
+  panic_window_s: [2, 8, 3, true],
+};
+
+// A small seeded generator (mulberry32): runs repeat exactly.
+function rng(seed) {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+const defaults = () => Object.fromEntries(Object.entries(KNOBS).map(([k, v]) => [k, v[2]]));
+const clamp = (k, v) => Math.min(KNOBS[k][1], Math.max(KNOBS[k][0], v));
+const shown = (k, v) => (KNOBS[k][3] ? Math.round(v) : Math.round(v * 1000) / 1000);
+const spec = (s) => Object.keys(s).filter((k) => shown(k, s[k]) !== KNOBS[k][2])
+  .map((k) => `${k}=${shown(k, s[k])}`).join(',');
+
+function parse(text) {
+  const s = defaults();
+  for (const kv of text.split(',').filter(Boolean)) {
+    const [k, v] = kv.split('=');
+    if (!(k in KNOBS) || !Number.isFinite(Number(v))) throw new Error(`replay_search: bad knob '${kv}'`);
+    s[k] = Number(v);
+  }
+  return s;
+}
+
+// Replays both Azure traces; per cell the verdicts against KEDA and KPA.
+function judge(s) {
+  const knobs = spec(s);
+  const out = execFileSync(bin, ['--trace-dir', traces, '--traces', 'azure-code,azure-conv',
+    ...(knobs ? ['--thaw', knobs] : [])], { encoding: 'utf8', timeout: 120000 });
+  const cells = [];
+  for (const line of out.split('\n')) {
+    const c = line.split('|').map((x) => x.trim());
+    if (c.length !== 7 || !/^(yes|no)/.test(c[3])) continue;
+    let won = true, shortfall = 0;
+    for (const verdict of [c[3], c[4]]) {
+      const m = /([+-]\d+) req, ([+-][\d.]+) % GPU-s/.exec(verdict);
+      const req = Number(m[1]), gpu = Number(m[2]);
+      won &&= req >= 0 && gpu < 0;
+      shortfall += Math.min(0, req / 10) + Math.min(0, -gpu);
+    }
+    cells.push({ cell: `${c[1]} ${c[2]}`, won, shortfall, text: `${c[3]} / ${c[4]}` });
+  }
+  if (cells.length !== 4) throw new Error('replay_search: thaw-replay printed no Azure verdicts (traces missing?)');
+  const wins = cells.filter((x) => x.won).length;
+  return { wins, score: wins * 100 + cells.reduce((a, x) => a + x.shortfall, 0), cells };
+}
+
+const report = (tag, s, j) => console.log(`${tag} wins=${j.wins} [${spec(s)}] ` +
+  j.cells.map((x) => `${x.cell}: ${x.won ? 'WON' : 'lost'} (${x.text})`).join('; '));
+
+const [mode, nText, seedText, start] = process.argv.slice(2);
+const n = Number(nText);
+if (!['random', 'climb'].includes(mode) || !(Number.isInteger(n) && n > 0 && n <= 100000)) {
+  console.error('usage: node bench/replay_search.mjs random N [SEED] | climb N SEED \'k=v,...\'');
+  process.exit(2);
+}
+const rand = rng(Number(seedText ?? 1));
+if (mode === 'random') {
+  for (let i = 0; i < n; i++) {
+    const s = defaults();
+    for (const [k, [lo, hi]] of Object.entries(KNOBS))
+      if (rand() >= 0.5) s[k] = lo + rand() * (hi - lo);
+    report(`#${i}`, s, judge(s));
+  }
+} else {
+  let cur = parse(start ?? '');
+  let best = judge(cur);
+  report('start', cur, best);
+  const names = Object.keys(KNOBS);
+  for (let i = 0; i < n; i++) {
+    const s = { ...cur };
+    const moves = [1, 1, 2, 3][Math.floor(rand() * 4)];
+    for (let m = 0; m < moves; m++) {
+      const k = names[Math.floor(rand() * names.length)];
+      const [lo, hi] = KNOBS[k];
+      const width = (hi - lo) * [0.05, 0.1, 0.2][Math.floor(rand() * 3)];
+      s[k] = clamp(k, s[k] + (rand() * 2 - 1) * width);
+    }
+    const j = judge(s);
+    if (j.score > best.score) {
+      cur = s;
+      best = j;
+      report(`#${i}`, cur, best);
+    }
+  }
+  report('end', cur, best);
+}
