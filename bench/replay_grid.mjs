@@ -46,10 +46,10 @@ const grid = {
   keep_warm_cost: [0, 0.5, 1, 2],
   wake_backlog_share: [0.5, 0.75, 1],
   scale_down_window_s: [60, 90, 240], // the steady window; the bursty one stays 180 s
-  surge_hold_s: [10, 30, 60],
+  surge_hold_s: [10, 20, 60],
 };
 const defaults = 'staffing_beta=1.25,bursty_utilisation=0.92,keep_warm_cost=1,' +
-  'wake_backlog_share=0.75,scale_down_window_s=90,surge_hold_s=30';
+  'wake_backlog_share=0.75,scale_down_window_s=90,surge_hold_s=20';
 
 if (!fs.existsSync(bin)) {
   console.error(`replay_grid: ${bin} not found; build it: meson compile -C ${build} thaw-replay`);

@@ -1,9 +1,9 @@
 // How far joint tuning of thaw's knobs gets on the four Azure cells: a
-// random search over 14 knobs at once, then a local search from a setting.
+// random search over 14 knobs at once, or a local search from a setting.
 // replay_grid.mjs tries every combination of a few values of six knobs; this
 // samples the whole space (each knob kept at its default or drawn uniformly
-// from a range around it) and reports, per Azure cell, whether any sample
-// dominates both baselines and the samples closest to doing so.
+// from a range around it) and prints every setting's verdicts, from which
+// the wins and the closest settings per cell can be read off.
 //
 //   node bench/replay_search.mjs random N [SEED]     # N random settings
 //   node bench/replay_search.mjs climb N SEED 'k=v,...'  # N steps from a setting
@@ -20,6 +20,7 @@
 // 0.4 s each, one at a time; each has a 120 s timeout.
 
 import { execFileSync } from 'node:child_process';
+import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
@@ -66,12 +67,18 @@ const spec = (s) => Object.keys(s).filter((k) => shown(k, s[k]) !== KNOBS[k][2])
 
 function parse(text) {
   const s = defaults();
-  for (const kv of text.split(',').filter(Boolean)) {
-    const [k, v] = kv.split('=');
-    if (!(k in KNOBS) || !Number.isFinite(Number(v))) throw new Error(`replay_search: bad knob '${kv}'`);
-    s[k] = Number(v);
+  for (const item of text.split(',').map((x) => x.trim()).filter(Boolean)) {
+    const parts = item.split('=').map((x) => x.trim());
+    if (parts.length !== 2 || !(parts[0] in KNOBS) || parts[1] === '' || !Number.isFinite(Number(parts[1])))
+      fail(`bad knob '${item}' (name=number, names: ${Object.keys(KNOBS).join(', ')})`);
+    s[parts[0]] = Number(parts[1]);
   }
   return s;
+}
+
+function fail(msg) {
+  console.error(`replay_search: ${msg}`);
+  process.exit(2);
 }
 
 // Replays both Azure traces; per cell the verdicts against KEDA and KPA.
@@ -83,16 +90,21 @@ function judge(s) {
   for (const line of out.split('\n')) {
     const c = line.split('|').map((x) => x.trim());
     if (c.length !== 7 || !/^(yes|no)/.test(c[3])) continue;
-    let won = true, shortfall = 0;
+    // The verdict is thaw-replay's own ("yes" against both); the printed
+    // margins, rounded, only measure how far a lost cell is from a win.
+    const won = c[3].startsWith('yes') && c[4].startsWith('yes');
+    let shortfall = 0;
     for (const verdict of [c[3], c[4]]) {
       const m = /([+-]\d+) req, ([+-][\d.]+) % GPU-s/.exec(verdict);
-      const req = Number(m[1]), gpu = Number(m[2]);
-      won &&= req >= 0 && gpu < 0;
-      shortfall += Math.min(0, req / 10) + Math.min(0, -gpu);
+      if (!m) {
+        if (verdict.startsWith('yes')) continue;
+        fail(`no margins in the verdict '${verdict}' of ${c[1]} ${c[2]}`);
+      }
+      shortfall += Math.min(0, Number(m[1]) / 10) + Math.min(0, -Number(m[2]));
     }
     cells.push({ cell: `${c[1]} ${c[2]}`, won, shortfall, text: `${c[3]} / ${c[4]}` });
   }
-  if (cells.length !== 4) throw new Error('replay_search: thaw-replay printed no Azure verdicts (traces missing?)');
+  if (cells.length !== 4) fail(`thaw-replay printed ${cells.length} Azure verdicts, not 4 (traces in ${traces}?)`);
   const wins = cells.filter((x) => x.won).length;
   return { wins, score: wins * 100 + cells.reduce((a, x) => a + x.shortfall, 0), cells };
 }
@@ -100,13 +112,17 @@ function judge(s) {
 const report = (tag, s, j) => console.log(`${tag} wins=${j.wins} [${spec(s)}] ` +
   j.cells.map((x) => `${x.cell}: ${x.won ? 'WON' : 'lost'} (${x.text})`).join('; '));
 
-const [mode, nText, seedText, start] = process.argv.slice(2);
+const USAGE = "usage: node bench/replay_search.mjs random N [SEED] | climb N SEED 'k=v,...'";
+const args = process.argv.slice(2);
+const [mode, nText, seedText, start] = args;
 const n = Number(nText);
-if (!['random', 'climb'].includes(mode) || !(Number.isInteger(n) && n > 0 && n <= 100000)) {
-  console.error('usage: node bench/replay_search.mjs random N [SEED] | climb N SEED \'k=v,...\'');
-  process.exit(2);
-}
-const rand = rng(Number(seedText ?? 1));
+const seed = Number(seedText ?? 1);
+if (!['random', 'climb'].includes(mode) || !(Number.isInteger(n) && n > 0 && n <= 100000) ||
+    !(Number.isInteger(seed) && seed >= 0 && seed < 2 ** 32) ||
+    args.length > (mode === 'climb' ? 4 : 3) || (mode === 'climb' && args.length !== 4))
+  fail(USAGE + ' (N 1-100000, SEED an integer 0 to 2^32-1)');
+if (!fs.existsSync(bin)) fail(`${bin} is not built (meson compile -C ${build}; or set THAW_BUILD_DIR)`);
+const rand = rng(seed);
 if (mode === 'random') {
   for (let i = 0; i < n; i++) {
     const s = defaults();
