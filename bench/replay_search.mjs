@@ -24,6 +24,8 @@ import fs from 'node:fs';
 import path from 'node:path';
 import { fileURLToPath } from 'node:url';
 
+import { mulberry32 } from '../scripts/demo/trace.mjs';
+
 const repo = path.resolve(path.dirname(fileURLToPath(import.meta.url)), '..');
 const build = path.resolve(process.env.THAW_BUILD_DIR || path.join(repo, 'build'));
 const bin = path.join(build, 'bench', 'replay', 'thaw-replay');
@@ -46,18 +48,6 @@ const KNOBS = {
   bursty_scale_down_window_s: [90, 300, 180, true],
   panic_window_s: [2, 8, 3, true],
 };
-
-// A small seeded generator (mulberry32): runs repeat exactly.
-function rng(seed) {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
 
 const defaults = () => Object.fromEntries(Object.entries(KNOBS).map(([k, v]) => [k, v[2]]));
 const clamp = (k, v) => Math.min(KNOBS[k][1], Math.max(KNOBS[k][0], v));
@@ -122,7 +112,7 @@ if (!['random', 'climb'].includes(mode) || !(Number.isInteger(n) && n > 0 && n <
     args.length > (mode === 'climb' ? 4 : 3) || (mode === 'climb' && args.length !== 4))
   fail(USAGE + ' (N 1-100000, SEED an integer 0 to 2^32-1)');
 if (!fs.existsSync(bin)) fail(`${bin} is not built (meson compile -C ${build}; or set THAW_BUILD_DIR)`);
-const rand = rng(seed);
+const rand = mulberry32(seed); // seeded: a run repeats exactly
 if (mode === 'random') {
   for (let i = 0; i < n; i++) {
     const s = defaults();
