@@ -907,14 +907,9 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
             st->down_window_ms = now_ms - st->level_floor_ms;
     }
     long held_level = window_max(&st->level, down_span, st->down_window_ms, now_ms, level);
-    /* Only the wake term is held. Its replicas serve released requests
-     * whose demand the rate does not show yet, so an HPA sync must see
-     * them. The backlog term is not held: it counts only a backlog that
-     * lasted its queue window, and once that backlog is gone a replica
-     * still held for it arrives to nothing (replay, the 300 synthetic cells
-     * of seeds 1-30: held 16 / 8 / 0 s, thaw dominates 270 / 272 / 274). */
-    long held_wake = window_max(&st->surge, p->surge_hold_ms, p->surge_hold_ms, now_ms, wake);
-    d.desired = held_level > held_wake ? held_level : held_wake;
+    long held_surge = window_max(&st->surge, p->surge_hold_ms, p->surge_hold_ms, now_ms,
+                                 surge > wake ? surge : wake);
+    d.desired = held_level > held_surge ? held_level : held_surge;
     if (d.desired < d.raw)
         d.desired = d.raw;
     if (d.desired > d.raw)

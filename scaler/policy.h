@@ -22,8 +22,8 @@
  *              5 minutes (bursty demand returns after a lull; steady demand
  *              that falls has fallen), never reaching back past what the
  *              steady window already let go
- *   surge    = ceil(L + B / Q), not held (a backlog is transient); the
- *              wake term is held at its max over surge_hold_ms
+ *   surge    = ceil(L + B / Q) and the wake term, held at their max
+ *              over surge_hold_ms (a backlog is transient: no long hold)
  *   wake term (nothing ready, h requests held, growing at lambda lately):
  *              lambda plus wake_backlog_share x the backlog at release
  *              (h + lambda x cold start left) per cold start, in replicas:
@@ -106,7 +106,7 @@ struct policy_params {
                                       * <= 0: half a cold start (5 s .. 60 s) */
     double keep_warm_cost;           /* >= 0: a cold start costs this x cold_start_ms */
     int64_t keep_warm_max_ms;        /* >= 0: upper bound of the keep-warm time */
-    int64_t surge_hold_ms;           /* >= 0: how long the wake term is held */
+    int64_t surge_hold_ms;           /* >= 0: how long backlog and wake surges are held */
     double tokens_per_request;       /* > 0: prior of the tokens one request costs */
     double drain_time_factor;        /* > 0: clear a backlog within this x cold start */
     int64_t late_after_ms;           /* >= 0; 0 = FIFO: the activators' lateAfterSeconds (a
@@ -198,7 +198,7 @@ struct policy_window {
 /* Per target; storage owned by the caller, zeroed by policy_state_init. */
 struct policy_state {
     struct policy_window level; /* rate-based replicas, the scale-down window */
-    struct policy_window surge; /* the wake term's replicas, surge_hold_ms */
+    struct policy_window surge; /* backlog and wake replicas, surge_hold_ms */
     bool has_decision;
     struct policy_decision last;
     /* History in time slots (slot number = ms / slot width; -1 = empty),

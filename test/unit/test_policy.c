@@ -609,44 +609,6 @@ static void test_wake_sized_by_arrivals(void **unused)
     assert_int_equal(d.desired, 1);
 }
 
-/* The surge hold keeps a wake's replicas, not a backlog's: a backlog's go
- * as soon as its term does (held, they would arrive to nothing), a wake's
- * stay surge_hold after its term falls, so that an HPA sync sees them. */
-static void test_surge_hold_keeps_the_wake_not_the_backlog(void **unused)
-{
-    struct policy_params p = v2();
-    p.surge_hold_ms = 20000;
-    struct policy_state st;
-    policy_state_init(&st);
-    struct policy_decision d = {0};
-    for (int t = 0; t < 40; t++)
-        d = run(&p, &st, 100, 400, 0, (int64_t)t * 1000);
-    assert_int_equal(d.reason, POLICY_REASON_QUEUE);
-    assert_true(d.desired > 3);
-    d = run(&p, &st, 100, 0, 0, 40000); /* the backlog is gone at once */
-    assert_int_equal(d.desired, 1);
-    assert_int_not_equal(d.reason, POLICY_REASON_STABILIZING);
-
-    /* A wake asking 10-11 (5 arriving per s, and the held backlog within
-     * a cold start), released at 21 s: the arrival rate stands in (5), and
-     * the wake's ask is held for 20 s. */
-    p.wake_backlog_share = 1;
-    policy_state_init(&st);
-    for (int t = 0; t <= 20; t++)
-        d = run(&p, &st, 0, 0, 1 + 5 * t, (int64_t)t * 1000);
-    long asked = d.desired;
-    assert_true(asked >= 10);
-    for (int t = 21; t <= 36; t++) {
-        d = run(&p, &st, 0, 0, 0, (int64_t)t * 1000);
-        assert_int_equal(d.desired, asked);
-        assert_int_equal(d.reason, POLICY_REASON_STABILIZING);
-    }
-    for (int t = 37; t <= 45; t++)
-        d = run(&p, &st, 0, 0, 0, (int64_t)t * 1000);
-    assert_int_equal(d.desired, 5);
-    assert_int_equal(d.reason, POLICY_REASON_HELD);
-}
-
 static void test_released_arrivals_stand_in_for_the_rate(void **unused)
 {
     struct policy_params p = v2();
@@ -1482,7 +1444,6 @@ int main(void)
         cmocka_unit_test(test_backlog_that_drains_or_bursts_adds_nothing),
         cmocka_unit_test(test_late_requests_last_clear_the_backlog_slowly),
         cmocka_unit_test(test_wake_sized_by_arrivals),
-        cmocka_unit_test(test_surge_hold_keeps_the_wake_not_the_backlog),
         cmocka_unit_test(test_released_arrivals_stand_in_for_the_rate),
         cmocka_unit_test(test_tokens_per_request_learned_from_a_wake),
         cmocka_unit_test(test_tokens_per_request_counts_arrivals_after_release),
