@@ -258,9 +258,12 @@ test('activators publish lateAfterSeconds with their queue: policy v2 clears it 
   // per request, a 10 s cold start. Sent late-last (the activators say 1 s),
   // the 30 over Q are cleared over lateClearSeconds (300 s): 1 replica; sent
   // FIFO, within a third of a cold start: ceil(30 x 256 / (88 x 3.3)) = 27.
+  // The jump from 0 to 40 can read as 40 requests/s of growth for one
+  // evaluation (117 replicas, depending on where the 2 s history slots fall);
+  // surgeHoldSeconds 0 keeps that one ask from being held for 20 s.
   const ref = scaledObjectRef('lt', {
     model: 'lt', policy: 'v2', targetQueueLength: 10, targetTokensPerSecond: 100, coldStartSeconds: 10,
-    queueWindowSeconds: 1, lateAfterSeconds: 2,
+    queueWindowSeconds: 1, lateAfterSeconds: 2, surgeHoldSeconds: 0,
   });
   await client.getMetricSpec(ref);
   const write = (...fields) => redis.cli('HSET', 'thaw:held:lt', ...fields);
