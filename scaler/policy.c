@@ -7,6 +7,8 @@
 #define QUEUE_SLOT_MS 2000
 #define HELD_SLOT_MS 2000
 #define HELD_RECENT_MS 20000
+/* How far back a panic measures the queue's growth, at most. */
+#define PANIC_GROWTH_MAX_MS 20000
 #define NO_TIME INT64_MIN
 #define NO_SLOT INT32_MIN
 #define TREND_Z 3.0
@@ -800,9 +802,21 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         q_sust = 0;
     double extra = 0;
     if (q_sust > 0 && cap > 0) {
-        /* A queue that keeps growing over the short window means demand
-         * exceeds capacity now, well before the rate window shows it. */
-        double g = queue_growth(st, now_ms, qwin, q + h);
+        /* A queue that keeps growing over the window means demand exceeds
+         * capacity now, well before the rate window shows it. In a panic the
+         * growth is the overload's so far (at most PANIC_GROWTH_MAX_MS): over
+         * the short panic window it is mostly arrival noise and the 2 s
+         * history slots, which the look-ahead below multiplies by up to a
+         * cold start, so the ask jumped by several replicas a second. */
+        int64_t growth_ms = qwin;
+        if (panicking) {
+            growth_ms = now_ms - st->over_since_ms;
+            if (growth_ms > PANIC_GROWTH_MAX_MS)
+                growth_ms = PANIC_GROWTH_MAX_MS;
+            if (growth_ms < qwin || queue_at(st, now_ms, growth_ms) < 0)
+                growth_ms = qwin; /* also when no reading is that old */
+        }
+        double g = queue_growth(st, now_ms, growth_ms, q + h);
         double fast = (r + kappa * (g > 0 ? g : 0)) / cap;
         if (fast > d_fc)
             extra = fast - d_fc;

@@ -1312,11 +1312,12 @@ static void test_panic_clears_the_growth_until_its_replicas_arrive(void **unused
     struct policy_state st;
     policy_state_init(&st);
     calm(&p, &st, 0, 100);
-    /* The panic starts at 10 s. At 14 s the queue (39) has grown 1.8/s over
-     * the panic window and its minimum there is 19; the replicas asked for at
-     * 10 s arrive at 70 s, 56 s from now, to a backlog of 19 + 1.8 x 56 =
-     * 119.8: demand 1.65, + growth (100 + 180 tokens/s -> 2.8), + 109.8
-     * requests over 60 s -> 4.63 -> 5 (without the growth to come: 3). */
+    /* The panic starts at 10 s. At 14 s the queue (39) has grown 1.86/s
+     * over the overload so far (14 s) and its minimum over the panic window
+     * is 19; the replicas asked for at 10 s arrive at 70 s, 56 s from now, to
+     * a backlog of 19 + 1.86 x 56 = 123: demand 1.65, + growth (100 + 186
+     * tokens/s -> 2.86), + 113 requests over 60 s -> 4.74 -> 5 (without the
+     * growth to come: 3). */
     struct policy_decision d = overload(&p, &st, 100, 14);
     assert_true(st.over_panic);
     assert_int_equal(d.desired, 5);
@@ -1355,6 +1356,44 @@ static void test_panic_clears_the_growth_until_its_replicas_arrive(void **unused
     struct policy_decision now = overload(&p, &a, 100, 45);
     struct policy_decision later = overload(&ahead, &b, 100, 45);
     assert_int_equal(now.desired, later.desired);
+}
+
+/* A panic's ask follows the backlog's sustained growth, not its noise: the
+ * queue grows 5 requests/s on average in uneven steps (0-10 a second).
+ * Measured over the 3 s panic window alone (in 2 s history slots), the
+ * growth swung with every step, and the look-ahead (up to a cold start,
+ * here 120 s) made the ask jump by several replicas a second. */
+static void test_panic_growth_is_the_overloads_not_the_last_seconds(void **unused)
+{
+    static const int steps[] = {0, 10, 3, 7, 9, 1, 6, 4, 2, 8}; /* mean 5 */
+    struct policy_params p = v2();
+    p.cold_start_ms = 120000;
+    p.queue_window_ms = 45000;
+    p.panic_window_ms = 3000;
+    struct policy_state st;
+    policy_state_init(&st);
+    calm(&p, &st, 0, 100);
+    double q = 11;
+    long lo = POLICY_MAX_REPLICAS, hi = 0, jump = 0, prev = -1;
+    for (int t = 0; t <= 60; t++) {
+        q += steps[t % 10];
+        struct policy_decision d = run(&p, &st, 100, q, 0, (100 + t) * 1000);
+        if (t >= 25) {
+            assert_true(st.over_panic);
+            lo = d.raw < lo ? d.raw : lo;
+            hi = d.raw > hi ? d.raw : hi;
+            if (prev >= 0 && labs(d.raw - prev) > jump)
+                jump = labs(d.raw - prev);
+        }
+        prev = d.raw;
+    }
+    /* 5 requests/s at 100 tokens each is 5 replicas at 100 tokens/s, plus
+     * the backlog projected to the first replicas' arrival: 11-12 replicas
+     * from 25 s to 60 s. Over the panic window alone: 9-14, a second apart
+     * by up to 5. */
+    assert_true(lo >= 10);
+    assert_true(hi - lo <= 2);
+    assert_true(jump <= 2);
 }
 
 /* The same traffic decided once a second or four times a second ends in
@@ -1467,6 +1506,7 @@ int main(void)
         cmocka_unit_test(test_panic_holds_until_the_overload_ends),
         cmocka_unit_test(test_no_panic_while_bursty),
         cmocka_unit_test(test_panic_clears_the_growth_until_its_replicas_arrive),
+        cmocka_unit_test(test_panic_growth_is_the_overloads_not_the_last_seconds),
         cmocka_unit_test(test_times_out_of_range_are_clamped),
     };
     return cmocka_run_group_tests(tests, NULL, NULL);
