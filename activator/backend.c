@@ -466,7 +466,8 @@ static long dns_refresh_period(const struct backend *b)
 static void dns_done(struct backend *b, int result, struct evutil_addrinfo *res);
 
 /* A failed lookup is confirmed (confirm_failure) only if it failed within
- * this long: libevent's first timeout is 5 s. */
+ * this long: one that got no answer fails after about 3 s (three sends, 1 s
+ * apart: proxy.c's DNS_RETRY_TIMEOUT). */
 #define DNS_CONFIRM_WITHIN_MS 2000
 
 static void confirm_cb(int result, char type, int count, int ttl, void *addrs, void *arg)

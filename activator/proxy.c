@@ -2800,11 +2800,29 @@ static bool needs_dns(const struct config *cfg)
     return false;
 }
 
+/* libevent, like glibc, sends a query again only after 5 s without an
+ * answer, and a waking model's next replica is found by these lookups: one
+ * lost UDP packet (in Kubernetes, the conntrack race of parallel A and AAAA
+ * queries) would add 3-5 s to the cold start. 1 s, 3 sends: a lookup that
+ * gets no answer still fails within about 3 s. resolv.conf's own `options
+ * timeout:` still wins (parsed after). */
+#define DNS_RETRY_TIMEOUT "1"
+
+static struct evdns_base *new_resolver(struct event_base *base)
+{
+    struct evdns_base *dns = evdns_base_new(base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+    if (dns && evdns_base_set_option(dns, "timeout:", DNS_RETRY_TIMEOUT) != 0) {
+        evdns_base_free(dns, 0);
+        return NULL;
+    }
+    return dns;
+}
+
 /* A resolver on the nameserver given (--dns-server) or resolv.conf's. */
 static int create_dns(struct proxy *px)
 {
     if (px->dns_server) {
-        px->dns = evdns_base_new(px->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+        px->dns = new_resolver(px->base);
         if (!px->dns)
             return -1;
         evdns_base_load_hosts(px->dns, NULL);
@@ -2816,11 +2834,15 @@ static int create_dns(struct proxy *px)
         }
         return 0;
     }
-    px->dns = evdns_base_new(px->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
-                                           EVDNS_BASE_DISABLE_WHEN_INACTIVE);
-    if (!px->dns) {
+    px->dns = new_resolver(px->base);
+    if (!px->dns)
+        return -1;
+    /* As EVDNS_BASE_INITIALIZE_NAMESERVERS would, after the timeout above:
+     * a missing file means 127.0.0.1 and /etc/hosts; only -1 is fatal. */
+    if (evdns_base_resolv_conf_parse(px->dns, DNS_OPTIONS_ALL, "/etc/resolv.conf") == -1) {
         /* No usable resolv.conf: /etc/hosts still answers. */
-        px->dns = evdns_base_new(px->base, EVDNS_BASE_DISABLE_WHEN_INACTIVE);
+        evdns_base_free(px->dns, 0);
+        px->dns = new_resolver(px->base);
         if (px->dns)
             evdns_base_load_hosts(px->dns, NULL);
     }

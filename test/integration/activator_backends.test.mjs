@@ -362,11 +362,12 @@ test('DNS backend: a host name resolved by the activator (localhost via /etc/hos
  * say a headless Service with no ready pod), AAAA with nothing; counts the A
  * queries. `nxdomain`: the name is not there (CoreDNS's answer for that
  * Service); `servfail`: every query of the name fails; `delayMs`: answers
- * that name this late.
+ * that name this late; `dropA`: the next that many A queries of the name get
+ * no answer at all (lost packets). `aTimes`: when each A query came.
  */
 async function startDns(name) {
   const sock = dgram.createSocket('udp4');
-  const dns = { addrs: [], queries: 0, nxdomain: false, servfail: false, delayMs: 0 };
+  const dns = { addrs: [], queries: 0, nxdomain: false, servfail: false, delayMs: 0, dropA: 0, aTimes: [] };
   sock.on('message', (msg, rinfo) => {
     if (msg.length < 12) return;
     let off = 12;
@@ -380,7 +381,14 @@ async function startDns(name) {
     const qtype = msg.readUInt16BE(off + 1);
     const match = labels.join('.').toLowerCase() === name;
     const answers = match && qtype === 1 && !dns.nxdomain && !dns.servfail ? dns.addrs : [];
-    if (match && qtype === 1) dns.queries++;
+    if (match && qtype === 1) {
+      dns.queries++;
+      dns.aTimes.push(performance.now());
+      if (dns.dropA > 0) {
+        dns.dropA--;
+        return;
+      }
+    }
     const head = Buffer.alloc(12);
     head.writeUInt16BE(msg.readUInt16BE(0), 0);
     // QR AA RD RA, and the rcode: NXDOMAIN (3) for other names, SERVFAIL (2) if asked.
@@ -398,13 +406,15 @@ async function startDns(name) {
       return rr;
     });
     const answer = Buffer.concat([head, msg.subarray(12, qEnd), ...rrs]);
-    const send = () => sock.send(answer, rinfo.port, rinfo.address, () => {});
+    const send = () => { if (!dns.closed) sock.send(answer, rinfo.port, rinfo.address, () => {}); };
     if (match && dns.delayMs > 0) setTimeout(send, dns.delayMs);
     else send();
   });
   await new Promise((resolve) => sock.bind(0, '127.0.0.1', resolve));
   dns.port = sock.address().port;
-  dns.close = () => new Promise((resolve) => sock.close(resolve));
+  // Delayed answers still due when it closes are not sent (the resolver
+  // sends a query again after 1 s, so several can be due).
+  dns.close = () => new Promise((resolve) => { dns.closed = true; sock.close(resolve); });
   return dns;
 }
 
@@ -434,6 +444,32 @@ async function startDnsModel(host, model) {
   }
   return { dns, port, fv, act, stop };
 }
+
+test('DNS backend: a lost query is sent again after 1 s, not libevent\'s 5 s (a wake waits on these lookups)', async () => {
+  const dns = await startDns('lost.thaw.test');
+  dns.addrs = ['127.0.0.1'];
+  dns.dropA = 1;
+  const port = await freePort();
+  const fv = await startFakeVllm({ model: 'lost', port, waitReady: true });
+  const act = await startActivator(
+    { models: [{ name: 'lost', backend: `http://lost.thaw.test:${port}`, dnsRefreshSeconds: 30, ...fast }] },
+    { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
+  try {
+    await waitUntil(() => dns.aTimes.length >= 2, 8000, { what: 'the A query sent again' });
+    const gap = dns.aTimes[1] - dns.aTimes[0];
+    // Sent again at the 1 s timeout. With libevent's 5 s, the AAAA answer's
+    // 3 s skew gives up on the A query first and the next refresh asks again
+    // (dnsRefreshSeconds 30 here): no second query within 8 s.
+    assert.ok(gap >= 800 && gap < 2500, `sent again after ${gap.toFixed(0)} ms`);
+    await waitUntil(async () => (await act.model('lost')).endpoints?.length === 1, 3000,
+      { what: 'the endpoint from the second answer' });
+    assert.equal((await complete(act.port, 'lost')).status, 200);
+  } finally {
+    await act.stop();
+    await fv.stop();
+    await dns.close();
+  }
+});
 
 test('DNS backend, waking: the name is re-resolved every dnsRefreshWakingSeconds until a replica is healthy', async () => {
   const dns = await startDns('m.thaw.test');
