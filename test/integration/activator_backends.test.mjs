@@ -363,7 +363,8 @@ test('DNS backend: a host name resolved by the activator (localhost via /etc/hos
  * queries. `nxdomain`: the name is not there (CoreDNS's answer for that
  * Service); `servfail`: every query of the name fails; `delayMs`: answers
  * that name this late; `dropA`: the next that many A queries of the name get
- * no answer at all (lost packets). `aTimes`: when each A query came.
+ * no answer at all (lost packets); `silent`: no query of the name is
+ * answered (a resolver that is down). `aTimes`: when each A query came.
  */
 async function startDns(name) {
   const sock = dgram.createSocket('udp4');
@@ -389,6 +390,7 @@ async function startDns(name) {
         return;
       }
     }
+    if (match && dns.silent) return;
     const head = Buffer.alloc(12);
     head.writeUInt16BE(msg.readUInt16BE(0), 0);
     // QR AA RD RA, and the rcode: NXDOMAIN (3) for other names, SERVFAIL (2) if asked.
@@ -568,6 +570,36 @@ test('DNS backend, resolver failing (SERVFAIL): the last list is kept, the model
     assert.equal(lines.length, 1, lines.join('\n'));
     dns.servfail = false;
     assert.equal((await complete(act.port, 'dnsf')).status, 200);
+    await assertAccounted(act);
+  } finally {
+    await m.stop();
+  }
+});
+
+test('DNS backend, resolver silent: each lookup times out after 3 sends about 1 s apart, the last list is kept, the model stays ready', async () => {
+  const m = await startDnsModel('t.thaw.test', 'dnst');
+  const { dns, act } = m;
+  try {
+    const mark = act.proc.mark();
+    const from = dns.aTimes.length;
+    const t0 = performance.now();
+    dns.silent = true;
+    await act.proc.waitForLog(/event=dns_failed host=t\.thaw\.test .*kept_last_good=true/, 8000, { since: mark });
+    const failedAfter = performance.now() - t0;
+    // The first lookup sent after going silent: its A query and the two
+    // sent again (a refresh may have been under way when it went silent).
+    const sends = dns.aTimes.slice(from);
+    assert.ok(sends.length >= 3, `${sends.length} A queries`);
+    const gap = sends[1] - sends[0];
+    assert.ok(gap >= 800 && gap < 2000, `sent again after ${gap.toFixed(0)} ms`);
+    assert.ok(failedAfter >= 2500 && failedAfter < 5000, `failed after ${failedAfter.toFixed(0)} ms`);
+    const model = await act.model('dnst');
+    assert.equal(model.state, 'ready');
+    assert.equal(model.endpoints.length, 1, JSON.stringify(model.endpoints));
+    assert.equal((await complete(act.port, 'dnst')).status, 200, 'served from the kept list');
+    dns.silent = false;
+    const lines = act.proc.output().split('\n').slice(mark).filter((l) => /event=(dns_|model_state)/.test(l));
+    assert.equal(lines.length, 1, lines.join('\n'));
     await assertAccounted(act);
   } finally {
     await m.stop();
