@@ -2804,8 +2804,9 @@ static bool needs_dns(const struct config *cfg)
  * answer, and a waking model's next replica is found by these lookups: one
  * lost UDP packet (in Kubernetes, the conntrack race of parallel A and AAAA
  * queries) would add 3-5 s to the cold start. 1 s, 3 sends: a lookup that
- * gets no answer still fails within about 3 s. resolv.conf's own `options
- * timeout:` still wins (parsed after). */
+ * gets no answer still fails within about 3 s. Without --dns-server,
+ * resolv.conf's own `options timeout:` and `attempts:` still win (parsed
+ * after). */
 #define DNS_RETRY_TIMEOUT "1"
 
 static struct evdns_base *new_resolver(struct event_base *base)
@@ -2825,7 +2826,8 @@ static int create_dns(struct proxy *px)
         px->dns = new_resolver(px->base);
         if (!px->dns)
             return -1;
-        evdns_base_load_hosts(px->dns, NULL);
+        /* NULL would load only localhost; a missing file leaves that. */
+        (void)evdns_base_load_hosts(px->dns, "/etc/hosts");
         if (evdns_base_nameserver_ip_add(px->dns, px->dns_server) != 0) {
             LOG_ERROR("dns_server_invalid", "server=%s", px->dns_server);
             evdns_base_free(px->dns, 0);
@@ -2837,16 +2839,23 @@ static int create_dns(struct proxy *px)
     px->dns = new_resolver(px->base);
     if (!px->dns)
         return -1;
-    /* As EVDNS_BASE_INITIALIZE_NAMESERVERS would, after the timeout above:
-     * a missing file means 127.0.0.1 and /etc/hosts; only -1 is fatal. */
-    if (evdns_base_resolv_conf_parse(px->dns, DNS_OPTIONS_ALL, "/etc/resolv.conf") == -1) {
-        /* No usable resolv.conf: /etc/hosts still answers. */
+    /* What EVDNS_BASE_INITIALIZE_NAMESERVERS parses, after the timeout
+     * above. That flag refuses the base on any parse error; here a
+     * resolv.conf that cannot be opened or names no nameserver means
+     * 127.0.0.1 (glibc's default; libevent adds it then, with /etc/hosts
+     * and a search list), and one that cannot be read gets 127.0.0.1 too:
+     * with no nameserver every lookup would wait for ever. */
+    int r = evdns_base_resolv_conf_parse(px->dns, DNS_OPTIONS_ALL, "/etc/resolv.conf");
+    if (evdns_base_count_nameservers(px->dns) == 0 &&
+        evdns_base_nameserver_ip_add(px->dns, "127.0.0.1") != 0) {
         evdns_base_free(px->dns, 0);
-        px->dns = new_resolver(px->base);
-        if (px->dns)
-            evdns_base_load_hosts(px->dns, NULL);
+        px->dns = NULL;
+        return -1;
     }
-    return px->dns ? 0 : -1;
+    if (r != 0)
+        LOG_WARN("dns_resolv_conf_unusable", "path=/etc/resolv.conf result=%d nameservers=%d", r,
+                 evdns_base_count_nameservers(px->dns));
+    return 0;
 }
 
 static int ensure_dns(struct proxy *px, const struct config *cfg)

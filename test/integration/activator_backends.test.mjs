@@ -364,11 +364,12 @@ test('DNS backend: a host name resolved by the activator (localhost via /etc/hos
  * Service); `servfail`: every query of the name fails; `delayMs`: answers
  * that name this late; `dropA`: the next that many A queries of the name get
  * no answer at all (lost packets); `silent`: no query of the name is
- * answered (a resolver that is down). `aTimes`: when each A query came.
+ * answered (a resolver that is down). `aTimes`, `aIds`: when each A query
+ * came, and its DNS id (the same for a query sent again).
  */
 async function startDns(name) {
   const sock = dgram.createSocket('udp4');
-  const dns = { addrs: [], queries: 0, nxdomain: false, servfail: false, delayMs: 0, dropA: 0, aTimes: [] };
+  const dns = { addrs: [], queries: 0, nxdomain: false, servfail: false, delayMs: 0, dropA: 0, aTimes: [], aIds: [] };
   sock.on('message', (msg, rinfo) => {
     if (msg.length < 12) return;
     let off = 12;
@@ -385,6 +386,7 @@ async function startDns(name) {
     if (match && qtype === 1) {
       dns.queries++;
       dns.aTimes.push(performance.now());
+      dns.aIds.push(msg.readUInt16BE(0));
       if (dns.dropA > 0) {
         dns.dropA--;
         return;
@@ -458,6 +460,7 @@ test('DNS backend: a lost query is sent again after 1 s, not libevent\'s 5 s (a 
     { args: ['--dns-server', `127.0.0.1:${dns.port}`] });
   try {
     await waitUntil(() => dns.aTimes.length >= 2, 8000, { what: 'the A query sent again' });
+    assert.equal(dns.aIds[1], dns.aIds[0], 'the same query sent again, not a new lookup');
     const gap = dns.aTimes[1] - dns.aTimes[0];
     // Sent again at the 1 s timeout. With libevent's 5 s, the AAAA answer's
     // 3 s skew gives up on the A query first and the next refresh asks again
