@@ -803,13 +803,17 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
     double extra = 0;
     if (q_sust > 0 && cap > 0) {
         /* A queue that keeps growing over the window means demand exceeds
-         * capacity now, well before the rate window shows it. In a panic the
-         * growth is the overload's so far (at most PANIC_GROWTH_MAX_MS): over
-         * the short panic window it is mostly arrival noise and the 2 s
-         * history slots, which the look-ahead below multiplies by up to a
-         * cold start, so the ask jumped by several replicas a second. */
+         * capacity now, well before the rate window shows it. In a panic,
+         * with late requests sent last, the growth is the overload's so far
+         * (at most PANIC_GROWTH_MAX_MS): over the short panic window it is
+         * mostly arrival noise and the 2 s history slots, which the
+         * look-ahead below multiplies by up to a cold start, so the ask
+         * jumped by several replicas a second. Under FIFO every request
+         * waits behind the backlog, and the surge hold's highest sample of
+         * that noise clears it sooner: measured smoothed there, steps lost
+         * SLO (docs/scaling-policy.md, "What changed"). */
         int64_t growth_ms = qwin;
-        if (panicking) {
+        if (panicking && p->late_after_ms > 0) {
             growth_ms = now_ms - st->over_since_ms;
             if (growth_ms > PANIC_GROWTH_MAX_MS)
                 growth_ms = PANIC_GROWTH_MAX_MS;

@@ -47,8 +47,8 @@
  *              lasted as long went on for another cold start, or none did;
  *              once it counts it counts until the overload ends; it does not
  *              start while the demand is bursty. While it counts, the backlog is projected
- *              at its growth over the overload so far (at most 20 s back) to when
- *              the replicas asked for at the panic's
+ *              at its growth (with late_after_ms set, over the overload so far, at
+ *              most 20 s back) to when the replicas asked for at the panic's
  *              start arrive (a cold start after it), and at least panic_lookahead
  *              cold starts ahead
  *   desired  = max(level, surge, active ? 1 : 0)
