@@ -817,8 +817,9 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
             growth_ms = now_ms - st->over_since_ms;
             if (growth_ms > PANIC_GROWTH_MAX_MS)
                 growth_ms = PANIC_GROWTH_MAX_MS;
-            if (growth_ms < qwin || queue_at(st, now_ms, growth_ms) < 0)
-                growth_ms = qwin; /* also when no reading is that old */
+            /* (a panic has lasted at least qwin, its window, by now) */
+            if (queue_at(st, now_ms, growth_ms) < 0)
+                growth_ms = qwin; /* no reading that old */
         }
         double g = queue_growth(st, now_ms, growth_ms, q + h);
         double fast = (r + kappa * (g > 0 ? g : 0)) / cap;

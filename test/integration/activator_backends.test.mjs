@@ -369,7 +369,7 @@ test('DNS backend: a host name resolved by the activator (localhost via /etc/hos
  */
 async function startDns(name) {
   const sock = dgram.createSocket('udp4');
-  const dns = { addrs: [], queries: 0, nxdomain: false, servfail: false, delayMs: 0, dropA: 0, aTimes: [], aIds: [] };
+  const dns = { addrs: [], queries: 0, nxdomain: false, servfail: false, delayMs: 0, dropA: 0, silent: false, closed: false, aTimes: [], aIds: [] };
   sock.on('message', (msg, rinfo) => {
     if (msg.length < 12) return;
     let off = 12;

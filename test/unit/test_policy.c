@@ -1358,13 +1358,9 @@ static void test_panic_clears_the_growth_until_its_replicas_arrive(void **unused
     assert_int_equal(now.desired, later.desired);
 }
 
-/* A panic's ask follows the backlog's sustained growth, not its noise: the
- * queue grows 5 requests/s on average in uneven steps (0-10 a second).
- * Measured over the 3 s panic window alone (in 2 s history slots), the
- * growth swung with every step, and the look-ahead (up to a cold start,
- * here 120 s) made the ask jump by several replicas a second. */
-/* One panic on that queue from 25 s to 60 s: the lowest and highest ask and
- * the largest change from one second to the next. */
+/* A panic on a queue growing 5 requests/s on average in uneven steps (0-10
+ * a second): the lowest and highest ask from 25 s to 60 s and the largest
+ * change from one second to the next. */
 static void panic_asks(const struct policy_params *p, long *lo, long *hi, long *jump)
 {
     static const int steps[] = {0, 10, 3, 7, 9, 1, 6, 4, 2, 8}; /* mean 5 */
@@ -1389,6 +1385,10 @@ static void panic_asks(const struct policy_params *p, long *lo, long *hi, long *
     }
 }
 
+/* A panic's ask follows the backlog's sustained growth, not its noise.
+ * Measured over the 3 s panic window alone (in 2 s history slots), the
+ * growth swung with every step, and the look-ahead (up to a cold start,
+ * here 120 s) made the ask jump by several replicas a second. */
 static void test_panic_growth_is_the_overloads_not_the_last_seconds(void **unused)
 {
     struct policy_params p = v2();
