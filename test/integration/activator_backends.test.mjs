@@ -4,10 +4,12 @@
 // config reload; readiness probes against a raw model server (whole-probe
 // deadline, interim 1xx heads, invalid statuses) and the 502s for a status
 // outside 100..599 or a close without an answer.
+import { spawnSync } from 'node:child_process';
 import dgram from 'node:dgram';
 import fs from 'node:fs';
 import http from 'node:http';
 import net from 'node:net';
+import os from 'node:os';
 import path from 'node:path';
 import { test } from 'node:test';
 
@@ -367,7 +369,7 @@ test('DNS backend: a host name resolved by the activator (localhost via /etc/hos
  * answered (a resolver that is down). `aTimes`, `aIds`: when each A query
  * came, and its DNS id (the same for a query sent again).
  */
-async function startDns(name) {
+async function startDns(name, port = 0) {
   const sock = dgram.createSocket('udp4');
   const dns = { addrs: [], queries: 0, nxdomain: false, servfail: false, delayMs: 0, dropA: 0, silent: false, closed: false, aTimes: [], aIds: [] };
   sock.on('message', (msg, rinfo) => {
@@ -414,7 +416,10 @@ async function startDns(name) {
     if (match && dns.delayMs > 0) setTimeout(send, dns.delayMs);
     else send();
   });
-  await new Promise((resolve) => sock.bind(0, '127.0.0.1', resolve));
+  await new Promise((resolve, reject) => {
+    sock.once('error', reject);
+    sock.bind(port, '127.0.0.1', resolve);
+  });
   dns.port = sock.address().port;
   // Delayed answers still due when it closes are not sent (the resolver
   // sends a query again after 1 s, so several can be due).
@@ -475,6 +480,53 @@ test('DNS backend: a lost query is sent again after 1 s, not libevent\'s 5 s (a 
     await dns.close();
   }
 });
+
+// The activator gets its own /etc/resolv.conf in a mount namespace of its own:
+// root and unshare (CI runs as root).
+const ownResolvConf = process.getuid?.() === 0 &&
+  spawnSync('unshare', ['-m', 'true'], { stdio: 'ignore' }).status === 0;
+
+test('DNS: a resolv.conf without a nameserver means 127.0.0.1, as in glibc, with /etc/hosts still read and one warning',
+  { skip: !ownResolvConf && 'needs root and unshare -m' }, async (t) => {
+    // What a pod with dnsPolicy None and no dnsConfig nameservers gets.
+    const dir = fs.mkdtempSync(path.join(os.tmpdir(), 'thaw-resolv-'));
+    const conf = path.join(dir, 'resolv.conf');
+    fs.writeFileSync(conf, 'search thaw.test\noptions ndots:1\n');
+    let dns;
+    try {
+      dns = await startDns('local.thaw.test', 53);
+    } catch (e) {
+      t.skip(`127.0.0.1:53 is taken (${e.code})`);
+      return;
+    }
+    dns.addrs = ['127.0.0.1'];
+    let fv1, fv2, act;
+    try {
+      const [p1, p2] = [await freePort(), await freePort()];
+      fv1 = await startFakeVllm({ model: 'viahosts', port: p1, waitReady: true });
+      fv2 = await startFakeVllm({ model: 'viadns', port: p2, waitReady: true });
+      act = await startActivator({
+        models: [
+          { name: 'viahosts', backend: `http://localhost:${p1}`, dnsRefreshSeconds: 30, ...fast },
+          { name: 'viadns', backend: `http://local.thaw.test:${p2}`, dnsRefreshSeconds: 30, ...fast },
+        ],
+      }, {
+        prefix: ['unshare', '-m', 'sh', '-c', 'mount --bind "$0" /etc/resolv.conf && exec "$@"', conf],
+      });
+      const warn = await act.proc.waitForLog(/event=dns_resolv_conf_unusable .*nameservers=(\d+)/, 5000);
+      assert.equal(warn[1], '1', warn.input);
+      assert.equal((await complete(act.port, 'viahosts')).status, 200, 'localhost from /etc/hosts');
+      const r = await complete(act.port, 'viadns');
+      assert.equal(r.status, 200, r.body.toString());
+      assert.ok(dns.queries >= 1, 'the name was asked of 127.0.0.1:53');
+    } finally {
+      await act?.stop();
+      await fv1?.stop();
+      await fv2?.stop();
+      await dns.close();
+      fs.rmSync(dir, { recursive: true, force: true });
+    }
+  });
 
 test('DNS backend, waking: the name is re-resolved every dnsRefreshWakingSeconds until a replica is healthy', async () => {
   const dns = await startDns('m.thaw.test');

@@ -62,6 +62,7 @@ export async function startActivator(config, opts = {}) {
   args.push(...(opts.args ?? []));
   const proc = await spawnProcess(binPath('thaw-activator'), args, {
     name: 'activator', readyLogRegex: /event=listening/, timeoutMs: 15000, env: opts.env ?? {},
+    prefix: opts.prefix,
   });
   const a = {
     proc, port, adminPort, dir, configPath,

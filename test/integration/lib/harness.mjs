@@ -267,7 +267,8 @@ function signalExitCode(signal) {
  *
  * opts: env (merged over process.env), cwd, readyLogRegex (resolve only once a
  * line of stdout or stderr matches), timeoutMs for that wait (default 10000),
- * name (for messages).
+ * name (for messages), prefix (an argv put before the command, after any
+ * THAW_TEST_WRAPPER: a program that execs the rest, such as unshare).
  *
  * Resolves to a handle:
  *   proc               the ChildProcess
@@ -297,6 +298,9 @@ export async function spawnProcess(cmd, args = [], opts = {}) {
   if (wrapper && path.resolve(cmd).startsWith(buildDir + path.sep)) {
     argv = [...wrapper.split(/\s+/).filter(Boolean), ...argv];
   }
+  // A command that sets up the process's surroundings and then execs the
+  // rest (e.g. unshare), so the pid is still the program's.
+  if (opts.prefix) argv = [...opts.prefix, ...argv];
   const proc = spawn(argv[0], argv.slice(1), {
     cwd,
     env: { ...process.env, ...env },
