@@ -5,9 +5,11 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/sockios.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <string.h>
+#include <sys/ioctl.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -562,4 +564,14 @@ bool conn_peer_closed(const struct conn *c)
     if (poll(&p, 1, 0) <= 0)
         return false;
     return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+}
+
+long conn_unacked(const struct conn *c)
+{
+    if (c->dead || c->fd < 0)
+        return -1;
+    int q = 0;
+    if (ioctl(c->fd, SIOCOUTQ, &q) < 0 || q < 0)
+        return -1;
+    return (long)evbuffer_get_length(c->out) + q;
 }

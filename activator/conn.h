@@ -81,5 +81,10 @@ bool conn_read_full(const struct conn *c);
  * connection, asked of the socket now with one poll(); no callback fires.
  * For connections whose reading is stopped. */
 bool conn_peer_closed(const struct conn *c);
+/* Bytes written to c that the peer's TCP has not acknowledged: those still
+ * in the output plus those sent and unacknowledged (SIOCOUTQ, which keeps
+ * its count after a reset). 0 means the peer's kernel took every byte; -1
+ * if the socket cannot tell. Valid until conn_free, EOF and errors included. */
+long conn_unacked(const struct conn *c);
 
 #endif

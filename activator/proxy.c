@@ -942,23 +942,35 @@ static void up_event_cb(struct conn *c, int what, int err, void *arg)
         return;
     }
     bool connecting = r->state == RS_CONNECTING;
-    LOG_DEBUG("upstream_failed", "model=%s endpoint=%s connecting=%d reused=%d what=0x%x err=%d",
-              r->m->name, endpoint_label(r->ep), connecting, r->up_reused, what, err);
+    long unacked = conn_unacked(r->up);
+    LOG_DEBUG("upstream_failed",
+              "model=%s endpoint=%s connecting=%d reused=%d what=0x%x err=%d unacked=%ld",
+              r->m->name, endpoint_label(r->ep), connecting, r->up_reused, what, err, unacked);
     if (connecting) {
         /* Refused, reset or timed out before a byte was sent: the scale-down
          * race. The endpoint is down; the request waits for it again. */
         retry_upstream(r, true);
         return;
     }
-    if (!r->resp_started && r->replayable && r->sent_retries < MAX_SENT_RETRIES) {
-        /* A pooled connection the backend had closed, or a fresh one cut
-         * before any answer: the whole request is still here, resend it. */
+    /* Once a request has left, it is resent only when the backend provably
+     * did not read it: a pooled connection it closed as the request arrived
+     * (its keep-alive timeout). That shows as request bytes its TCP never
+     * acknowledged (closed before they came), or as a reset (closed with
+     * them unread: the kernel resets, where a close after reading all is a
+     * FIN). Every byte acknowledged and then a FIN means it read the request
+     * and may have acted on it (a worker that died on it, or drops it): like
+     * nginx for a POST, 502 and never resent. Nor is the endpoint marked
+     * down: it accepted the connection, and a refusal is what tells a
+     * scale-down (above); probes judge its health. */
+    bool reset = (what & CONN_ERROR) && (err == ECONNRESET || err == EPIPE);
+    if (!r->resp_started && r->replayable && r->up_reused &&
+        r->sent_retries < MAX_SENT_RETRIES && (unacked != 0 || reset)) {
         r->sent_retries++;
         /* Its pool siblings are likely dead too (a crashed replica): the
          * resend opens a new connection, which a dead backend refuses, and
          * a refusal is the scale-down race, held and retried, never a 502. */
-        r->fresh_only = r->up_reused;
-        retry_upstream(r, !r->up_reused);
+        r->fresh_only = true;
+        retry_upstream(r, false);
         return;
     }
     /* A plain close (EOF) carries no errno: strerror(0) would say "Success". */

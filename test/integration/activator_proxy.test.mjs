@@ -39,11 +39,13 @@ function startEcho() {
           return;
         }
         // A backend that drops a kept-alive connection when the next request
-        // arrives on it (the keep-alive race), without a byte of answer.
+        // arrives on it (the keep-alive race), without a byte of answer. A
+        // server that closes with the request unread is reset by its kernel
+        // (a FIN after reading it all would say it had the request: 502).
         req.socket.served = (req.socket.served ?? 0) + 1;
         if (req.url === '/flaky' && req.socket.served > 1) {
           e.dropped = (e.dropped ?? 0) + 1;
-          req.socket.destroy();
+          req.socket.resetAndDestroy();
           return;
         }
         if (req.url === '/sse-forever') {
