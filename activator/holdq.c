@@ -15,6 +15,19 @@ void holdq_set_limits(struct holdq *q, size_t max_count, size_t max_bytes)
     q->max_bytes = max_bytes;
 }
 
+void holdq_set_hold_timeout(struct holdq *q, int64_t timeout_ms)
+{
+    q->hold_timeout_ms = timeout_ms;
+    /* The earlier of two sequences that grow with arrival grows with
+     * arrival too: each tier stays in deadline order. */
+    for (int t = 0; t < TIER_COUNT; t++) {
+        for (struct holdq_node *n = q->head[t]; n; n = n->next) {
+            if (timeout_ms > 0 && n->deadline_ms > n->enqueued_ms + timeout_ms)
+                n->deadline_ms = n->enqueued_ms + timeout_ms;
+        }
+    }
+}
+
 bool holdq_fits(const struct holdq *q, size_t bytes)
 {
     return q->count < q->max_count && bytes <= q->max_bytes && q->bytes <= q->max_bytes - bytes;
@@ -76,6 +89,15 @@ void holdq_push_front(struct holdq *q, struct holdq_node *n)
         after = before;
         before = before->next;
     }
+    /* While it was out, a reload may have shortened the timeout (and the
+     * deadlines of those queued). An older entry does not outlive a newer
+     * one: the tier stays in deadline order for pop_expired. */
+    if (q->hold_timeout_ms > 0 && n->deadline_ms > n->enqueued_ms + q->hold_timeout_ms)
+        n->deadline_ms = n->enqueued_ms + q->hold_timeout_ms;
+    if (before && n->deadline_ms > before->deadline_ms)
+        n->deadline_ms = before->deadline_ms;
+    for (struct holdq_node *p = after; p && p->deadline_ms > n->deadline_ms; p = p->prev)
+        p->deadline_ms = n->deadline_ms;
     n->prev = after;
     n->next = before;
     if (after)

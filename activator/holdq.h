@@ -32,10 +32,13 @@
  * cursor back one entry, which can leave the second part's cursor on the
  * first part; it is then not used (the second part starts over).
  *
- * Deadlines: pop_expired looks at the head of each tier. Entries of one model
- * share a hold timeout, so each FIFO is in deadline order; after a reload
- * that changes the timeout, an entry may wait behind an older, longer one
- * until that one expires (bounded by the old timeout). */
+ * Deadlines: pop_expired and next_deadline look at the head of each tier,
+ * so each tier is kept in deadline order as it is in arrival order: entries
+ * of one model share a hold timeout, and when a reload changes it
+ * (holdq_set_hold_timeout) every deadline becomes the earlier of its own and
+ * enqueued + the new timeout; an entry put back (holdq_push_front) gets the
+ * same, and never outlives an entry behind it. Otherwise a lowered timeout
+ * would not apply to new entries until the older, longer ones expired. */
 #ifndef THAW_HOLDQ_H
 #define THAW_HOLDQ_H
 
@@ -72,10 +75,16 @@ struct holdq {
     size_t bytes;
     size_t max_count;
     size_t max_bytes;
+    int64_t hold_timeout_ms; /* 0: not set (deadlines as given) */
 };
 
 void holdq_init(struct holdq *q, size_t max_count, size_t max_bytes);
 void holdq_set_limits(struct holdq *q, size_t max_count, size_t max_bytes);
+/* Records the hold timeout (ms, > 0) and brings every queued deadline down
+ * to enqueued + timeout_ms at most (a reload that shortened it applies to
+ * the requests held already, and keeps each tier in deadline order). The
+ * caller re-arms its deadline timer: deadlines may now be in the past. */
+void holdq_set_hold_timeout(struct holdq *q, int64_t timeout_ms);
 
 /* True if an entry of `bytes` fits within both bounds now. */
 bool holdq_fits(const struct holdq *q, size_t bytes);
@@ -89,8 +98,10 @@ struct holdq_node *holdq_victim(const struct holdq *q, enum tier tier, size_t by
 void holdq_push(struct holdq *q, struct holdq_node *n, enum tier tier, size_t bytes,
                 int64_t now_ms, int64_t deadline_ms);
 /* Puts n back in its tier at its place by enqueue time, keeping its times (a
- * released request that has to wait again keeps its place). Bounds are not
- * checked. */
+ * released request that has to wait again keeps its place), its deadline
+ * brought down to enqueued + the hold timeout and to the deadline of the
+ * entry behind it, those before it to its own (at most), so that the tier
+ * stays in deadline order. Bounds are not checked. */
 void holdq_push_front(struct holdq *q, struct holdq_node *n);
 
 /* Removes and returns the next entry to release, or NULL: the highest tier

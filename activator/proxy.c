@@ -1785,6 +1785,7 @@ static struct model_rt *model_new(struct proxy *px, const struct model_config *m
     m->name = thaw_strdup(mc->name);
     m->hold_timer = evtimer_new(px->base, hold_timer_cb, m);
     holdq_init(&m->hq, (size_t)mc->max_held_requests, (size_t)mc->max_held_bytes);
+    holdq_set_hold_timeout(&m->hq, mc->hold_timeout_ms);
     if (!m->name || !m->hold_timer ||
         expo_histogram_init(&m->hold_hist, expo_buckets_slow, expo_buckets_slow_len) < 0 ||
         expo_histogram_init(&m->ttfb_hist, expo_buckets_fast, expo_buckets_fast_len) < 0 ||
@@ -3128,6 +3129,10 @@ int proxy_reload(struct proxy *px, struct config *cfg)
         const struct model_config *mc = &cfg->models[i];
         m->mc = mc;
         holdq_set_limits(&m->hq, (size_t)mc->max_held_requests, (size_t)mc->max_held_bytes);
+        /* A shorter hold timeout applies to the requests held already (and
+         * those held later are not stuck behind their longer deadlines). */
+        holdq_set_hold_timeout(&m->hq, mc->hold_timeout_ms);
+        arm_hold_timer(m);
         m->sm.wake_timeout_ms = mc->hold_timeout_ms;
         if (backend_reconfigure(m->be, mc, &cfg->limits) < 0)
             LOG_ERROR("backend_reconfigure_failed", "model=%s", m->name);

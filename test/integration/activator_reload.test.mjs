@@ -253,3 +253,29 @@ test('a reload that adds wb and moves wa (wakeWith [wb], a request queued) to a 
     },
   });
 });
+
+// The hold queue looks at each tier's head for deadlines: a reload that
+// shortened holdTimeoutSeconds used to leave a request held after it waiting
+// behind an older one with the old, longer deadline (20 s instead of 1 s).
+test('a reload that shortens holdTimeoutSeconds applies to the requests held before it and after it', async () => {
+  const port = await freePort(); // nothing there: the model stays cold
+  const act = await startActivator({ models: [modelCfg('rt', port, { holdTimeoutSeconds: 20 })] },
+    { redisUrl: redis.url, instanceId: 'act-rt' });
+  try {
+    const t0 = Date.now();
+    const old = settle(complete(act.port, 'rt', { timeoutMs: 30000 }));
+    await waitUntil(async () => (await act.model('rt')).held === 1, 3000, { what: 'held 1' });
+    await reload(act, { models: [modelCfg('rt', port, { holdTimeoutSeconds: 1 })] });
+    const t1 = Date.now();
+    const fresh = await settle(complete(act.port, 'rt', { timeoutMs: 30000 }));
+    const dt = Date.now() - t1;
+    assert.equal(fresh.status, 504, `${fresh.status} ${fresh.body}`);
+    assert.ok(dt >= 900 && dt < 3000, `the one held after the reload: 504 after ${dt} ms (1 s timeout)`);
+    const o = await old;
+    assert.equal(o.status, 504);
+    assert.ok(Date.now() - t0 < 5000, 'the one held before: 504 by its arrival + 1 s, not 20 s');
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+  }
+});

@@ -92,6 +92,60 @@ static void test_deadlines(void **state)
     assert_int_equal(q.count, 0);
 }
 
+/* A reload that shortens the hold timeout: the deadlines of entries held
+ * already come down to enqueued + the new timeout, so an entry held after it
+ * is not stuck behind an older, longer deadline (only heads are looked at). */
+static void test_deadlines_after_reload(void **state)
+{
+    (void)state;
+    struct holdq q;
+    holdq_init(&q, 10, 1000);
+    holdq_set_hold_timeout(&q, 20000);
+    struct holdq_node a = {0}, b = {0}, c = {0}, d = {0};
+    holdq_push(&q, &a, TIER_NORMAL, 1, 0, 20000);
+    holdq_push(&q, &c, TIER_NORMAL, 1, 100, 20100);
+    holdq_set_hold_timeout(&q, 1000);
+    assert_int_equal(a.deadline_ms, 1000);
+    assert_int_equal(c.deadline_ms, 1100);
+    holdq_push(&q, &b, TIER_NORMAL, 1, 500, 1500);
+    assert_int_equal(holdq_next_deadline(&q), 1000);
+    assert_ptr_equal(holdq_pop_expired(&q, 1000), &a);
+    assert_int_equal(holdq_next_deadline(&q), 1100);
+    assert_ptr_equal(holdq_pop_expired(&q, 1500), &c);
+    assert_ptr_equal(holdq_pop_expired(&q, 1500), &b);
+    assert_null(holdq_pop_expired(&q, 1500));
+    /* Lengthened: deadlines set before stay (the earlier of the two). */
+    holdq_push(&q, &a, TIER_NORMAL, 1, 2000, 3000);
+    holdq_set_hold_timeout(&q, 5000);
+    assert_int_equal(a.deadline_ms, 3000);
+    holdq_push(&q, &b, TIER_NORMAL, 1, 2100, 7100);
+    assert_int_equal(holdq_next_deadline(&q), 3000);
+    /* An entry put back after the timeout was shortened while it was out
+     * gets the new bound; one whose deadline passes a newer entry's is
+     * brought down to it, and those before it to its own. */
+    holdq_push(&q, &c, TIER_NORMAL, 1, 2050, 7050);
+    holdq_remove(&q, &c);
+    holdq_set_hold_timeout(&q, 1000); /* a: 3000, b: 3100 */
+    assert_int_equal(b.deadline_ms, 3100);
+    holdq_push_front(&q, &c);
+    assert_int_equal(c.deadline_ms, 3050);
+    holdq_remove(&q, &c);
+    c.deadline_ms = 9000;
+    q.hold_timeout_ms = 0; /* as if unset: only the order bounds it */
+    holdq_push_front(&q, &c);
+    assert_int_equal(c.deadline_ms, 3100);
+    holdq_remove(&q, &c);
+    holdq_push(&q, &d, TIER_NORMAL, 1, 2200, 2500); /* out of order on purpose */
+    holdq_remove(&q, &b);
+    holdq_push_front(&q, &b); /* between a and d: 3100 -> 2500 */
+    assert_int_equal(b.deadline_ms, 2500);
+    assert_int_equal(a.deadline_ms, 2500);
+    assert_ptr_equal(holdq_pop_expired(&q, 2500), &a);
+    assert_ptr_equal(holdq_pop_expired(&q, 2500), &b);
+    assert_ptr_equal(holdq_pop_expired(&q, 2500), &d);
+    assert_int_equal(q.count, 0);
+}
+
 static void test_fresh_first(void **state)
 {
     (void)state;
@@ -431,6 +485,7 @@ int main(void)
         cmocka_unit_test(test_order),
         cmocka_unit_test(test_bounds_and_shed),
         cmocka_unit_test(test_deadlines),
+        cmocka_unit_test(test_deadlines_after_reload),
         cmocka_unit_test(test_fresh_first),
         cmocka_unit_test(test_fresh_first_ready_since),
         cmocka_unit_test(test_fresh_first_wake_allowance),
