@@ -128,6 +128,7 @@ struct client {
     bool linger;    /* closing lingeringly: input is read and discarded */
     bool lingering; /* ... and the response is out, our side shut down */
     bool linger_last; /* the timer waits for the rest of lingeringTime */
+    size_t idle_crlf; /* empty-line bytes dropped since the last request */
     int64_t linger_until_ms;
     uint64_t linger_bytes;
     struct req *req;
@@ -1984,6 +1985,40 @@ static void fail_head(struct client *cl, int status, const char *code, const cha
     client_close(cl, true); /* the rest of the head, or a body, may be on its way */
 }
 
+/* Empty lines discarded per idle period at most; past it they are part of a
+ * request (the header timeout and limits apply). */
+#define IDLE_EMPTY_LINE_BYTES 64
+
+/* RFC 9112 2.2: a server SHOULD ignore at least one empty line before a
+ * request line; clients send one after a POST body. While the connection is
+ * idle, leading CR and LF bytes are dropped, so they neither start the
+ * header timer nor count as a request (an unsolicited 408 when it fired).
+ * Returns 0, or -1 on a buffer failure (the connection was closed). */
+static int discard_empty_lines(struct client *cl, struct evbuffer *in)
+{
+    size_t n = 0, len = evbuffer_get_length(in);
+    unsigned char c;
+    struct evbuffer_ptr pos;
+    if (len == 0 || cl->idle_crlf >= IDLE_EMPTY_LINE_BYTES)
+        return 0;
+    if (evbuffer_ptr_set(in, &pos, 0, EVBUFFER_PTR_SET) < 0) {
+        client_close(cl, false);
+        return -1;
+    }
+    while (n < len && cl->idle_crlf + n < IDLE_EMPTY_LINE_BYTES &&
+           evbuffer_copyout_from(in, &pos, &c, 1) == 1 && (c == '\r' || c == '\n')) {
+        n++;
+        if (evbuffer_ptr_set(in, &pos, 1, EVBUFFER_PTR_ADD) < 0)
+            break;
+    }
+    cl->idle_crlf += n;
+    if (n > 0 && evbuffer_drain(in, n) < 0) {
+        client_close(cl, false);
+        return -1;
+    }
+    return 0;
+}
+
 /* Tries to read a request head. Returns 1 when a request was created, 0
  * when more bytes are needed, -1 when the connection is done. */
 static int try_head(struct client *cl)
@@ -1991,6 +2026,8 @@ static int try_head(struct client *cl)
     struct proxy *px = cl->px;
     const struct limits_config *lim = &px->cfg->limits;
     struct evbuffer *in = conn_input(cl->c);
+    if (!cl->in_head && discard_empty_lines(cl, in) < 0)
+        return -1;
     size_t len = evbuffer_get_length(in);
     if (len == 0)
         return 0;
@@ -2237,6 +2274,7 @@ static void client_next(struct client *cl)
 {
     struct proxy *px = cl->px;
     http1_scan_init(&cl->scan);
+    cl->idle_crlf = 0;
     arm_timer(cl, px->cfg->limits.idle_timeout_ms);
     if (evbuffer_get_length(conn_input(cl->c)) > 0)
         event_active(cl->kick, EV_TIMEOUT, 1); /* pipelined: parse it next turn */

@@ -371,6 +371,40 @@ test('a client that leaves while held is dropped at once; held gauge and Redis f
   assert.equal(after_('hold_timeout', 'cold') - before_('hold_timeout', 'cold'), 0);
 });
 
+// RFC 9112 2.2: a server SHOULD ignore at least one empty line before a
+// request line. A CRLF after a POST body used to start the header timer on
+// the idle connection: an unsolicited 408 after headerTimeoutSeconds, counted
+// as an accepted request that timed out.
+test('empty lines between keep-alive requests are ignored: no header timer, no phantom request', async () => {
+  const HEAD_MS = 500;
+  const own = await startActivator({
+    limits: { headerTimeoutSeconds: HEAD_MS / 1000, idleTimeoutSeconds: 30 },
+    models: [{ name: 'e', backend: `http://127.0.0.1:${backend.port}`, hosts: ['e.local'], probeInitialMs: 5, probeMaxMs: 20 }],
+  });
+  try {
+    const post = 'POST /echo HTTP/1.1\r\nHost: e.local\r\nContent-Length: 2\r\n\r\nhi';
+    const r = await rawClient(own.port, [
+      { data: `${post}\r\n` },
+      { wait: HEAD_MS * 3 },
+      { data: '\r\n\n\r\n' }, // a bare LF too (RFC 9112 2.2 allows it as a line end)
+      { wait: HEAD_MS * 3 },
+      { data: 'GET /echo HTTP/1.1\r\nHost: e.local\r\nConnection: close\r\n\r\n' },
+    ], { totalMs: 15000 });
+    assert.deepEqual(statusCodes(r.text), [200, 200], r.text);
+    assert.ok(r.closed);
+    const m = await own.metrics();
+    assert.equal(metricSum(m, 'thaw_activator_requests_accepted_total'), 2);
+    assert.equal(metricSum(m, 'thaw_activator_requests_total', { outcome: 'ok' }), 2);
+    assert.equal(metricSum(m, 'thaw_activator_requests_total', { outcome: 'header_timeout' }), 0);
+    // Bounded: a stream of empty lines is a request head in the end (408).
+    const flood = await rawClient(own.port, [{ data: '\r\n'.repeat(100) }], { totalMs: 10000 });
+    assert.deepEqual(statusCodes(flood.text), [408], flood.text);
+    await assertAccounted(own);
+  } finally {
+    await own.stop();
+  }
+});
+
 test('every accepted request is accounted for; metrics pass promtool', async () => {
   await assertAccounted(act);
   const text = await act.metricsText();
