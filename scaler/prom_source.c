@@ -97,34 +97,6 @@ static int parse_sample_pair(const json_t *pair, double *out, bool *invalid, con
     return 0;
 }
 
-static int parse_scalar(const json_t *result, struct prom_sample **out, size_t *n, char *err,
-                        size_t errlen)
-{
-    double v = 0;
-    bool invalid = false;
-    const char *why = NULL;
-    if (parse_sample_pair(result, &v, &invalid, &why) < 0) {
-        set_err(err, errlen, "data.result: %s", why);
-        return -1;
-    }
-    struct prom_sample *s = thaw_calloc(1, sizeof(*s));
-    if (!s) {
-        set_err(err, errlen, "out of memory");
-        return -1;
-    }
-    s->label_value = thaw_strdup("");
-    if (!s->label_value) {
-        thaw_free(s);
-        set_err(err, errlen, "out of memory");
-        return -1;
-    }
-    s->value = v;
-    s->invalid = invalid;
-    *out = s;
-    *n = 1;
-    return 0;
-}
-
 static int parse_vector(const json_t *result, const char *label, struct prom_sample **out,
                         size_t *n, char *err, size_t errlen)
 {
@@ -180,8 +152,14 @@ static int parse_vector(const json_t *result, const char *label, struct prom_sam
         k++;
     }
     if (k == 0) {
+        /* Series, none of them a model's: a relabelling or a recording rule
+         * renamed the label, or the query drops it. Read as "no model has a
+         * series", every busy model would go to zero once the staleness
+         * limit passed, with the source reported healthy. */
         thaw_free(samples);
-        return 0;
+        set_err(err, errlen, "%zu series, none with the label %s: the query must return one "
+                "series per model, labelled %s", total, label, label);
+        return -1;
     }
     *out = samples;
     *n = k;
@@ -230,8 +208,11 @@ static int parse_root(const json_t *root, const char *label, struct prom_sample 
     }
     if (strcmp(rtype, "vector") == 0)
         return parse_vector(result, label, out, n, err, errlen);
-    if (strcmp(rtype, "scalar") == 0)
-        return parse_scalar(result, out, n, err, errlen);
+    if (strcmp(rtype, "scalar") == 0) {
+        set_err(err, errlen, "resultType scalar has no %s label: the query must return one "
+                "series per model", label);
+        return -1;
+    }
     set_err(err, errlen, "resultType %s not supported", rtype);
     return -1;
 }

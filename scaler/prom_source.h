@@ -33,8 +33,10 @@ void prom_samples_free(struct prom_sample *samples, size_t n);
 #define PROM_MAX_SERIES 50000
 #define PROM_MAX_LABELS 16
 
-/* Parses a /api/v1/query response body (resultType "vector"; a "scalar" gives
- * one sample with label_value ""). Series without `label` are skipped. On
+/* Parses a /api/v1/query response body (resultType "vector"; any other type
+ * fails). Series without `label` are skipped, but an answer of series none of
+ * which has it fails: that is a query or relabelling that lost the model
+ * label, not every model idle. An empty result succeeds with n == 0. On
  * success returns 0 and sets *out (caller frees with prom_samples_free; may be
  * NULL when n == 0). On failure returns -1 and writes a one-line reason into
  * err (e.g. "status error: bad_data: parse error at char 5",

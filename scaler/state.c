@@ -21,10 +21,15 @@ struct model_sig {
     char *name;
     double token_rate;
     /* Missing from the last Prometheus answer since then (0 = present). A
-     * series vanishing while a model is busy is more often a gap in the data
-     * (Prometheus restarted, a scrape failed) than a model gone idle, so the
-     * last rate is kept, marked stale, for up to the staleness limit. */
+     * series vanishing while a model is busy is a gap in the data
+     * (Prometheus restarted, its scrapes of the model servers fail), not a
+     * model gone idle: an idle model's series stay, at 0, until its pods
+     * are gone. So the last rate is kept, marked stale; past the staleness
+     * limit it is kept still while a target of the model is active (the
+     * target is then beyond the limit: KEDA's fallback applies), and read
+     * as 0 only for a model no target keeps active. */
     int64_t absent_since_ms;
+    bool absent_logged; /* the warning for a busy model's absence was logged */
     bool seen_in_answer;
     /* A Prometheus answer has come since the model appeared: until then its
      * rate of 0 is not a reading. */
@@ -290,6 +295,15 @@ static bool queue_stale(const struct scaler_state *st, const struct target *t)
 static bool held_stale(const struct scaler_state *st, const struct target *t)
 {
     return st->src[SOURCE_REDIS_HELD].failing || !t->model->held_measured;
+}
+
+/* A target of the model has decided active: it is busy or kept warm. */
+static bool model_active(const struct model_sig *m)
+{
+    for (const struct target *t = m->targets; t; t = t->model_next)
+        if (t->decided && t->decision.active)
+            return true;
+    return false;
 }
 
 static void decide(struct scaler_state *st, struct target *t, int64_t now_ms)
@@ -662,6 +676,9 @@ bool target_beyond_staleness(const struct scaler_state *st, const struct target 
     if (t->model->invalid_since_ms != 0 &&
         now_ms - t->model->invalid_since_ms > st->cfg.staleness_limit_ms)
         return true;
+    if (t->model->absent_since_ms != 0 &&
+        now_ms - t->model->absent_since_ms > st->cfg.staleness_limit_ms)
+        return true;
     /* Every target reads all three sources. */
     for (int s = 0; s < SOURCE_COUNT; s++)
         if (source_beyond(st, (enum source_id)s, now_ms))
@@ -760,12 +777,29 @@ void scaler_state_prom_ok(struct scaler_state *st, const struct prom_sample *sam
             m->invalid_since_ms = 0;
             m->changed_in = update;
         }
-        /* Absent with nothing to keep, or absent for too long: no series
-         * means no pods, so no tokens. */
-        if (m->absent_since_ms != 0 &&
-            (m->token_rate == 0 || now_ms - m->absent_since_ms > st->cfg.staleness_limit_ms)) {
+        /* Absent with nothing to keep, or absent for too long from a model
+         * no target keeps active: no series means no pods, so no tokens. */
+        if (m->absent_since_ms != 0 && now_ms - m->absent_since_ms > st->cfg.staleness_limit_ms &&
+            m->token_rate != 0 && model_active(m)) {
+            if (!m->absent_logged) {
+                char q[300];
+                LOG_WARN("token_rate_absent",
+                         "model=%s absent_ms=%lld token_rate=%.3f reason=\"no series while busy: "
+                         "the last rate is kept and GetMetrics fails until the series return\"",
+                         log_quote(q, sizeof(q), m->name),
+                         (long long)(now_ms - m->absent_since_ms), m->token_rate);
+                m->absent_logged = true;
+            }
+        } else if (m->absent_since_ms != 0 &&
+                   (m->token_rate == 0 ||
+                    now_ms - m->absent_since_ms > st->cfg.staleness_limit_ms)) {
             m->token_rate = 0;
             m->absent_since_ms = 0;
+        }
+        if (m->absent_since_ms == 0 && m->absent_logged) {
+            char q[300];
+            LOG_INFO("token_rate_present", "model=%s", log_quote(q, sizeof(q), m->name));
+            m->absent_logged = false;
         }
         if (m->token_rate != m->prev_rate || (m->absent_since_ms != 0) != m->prev_absent)
             m->changed_in = update;

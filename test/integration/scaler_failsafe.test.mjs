@@ -363,6 +363,56 @@ test('Prometheus and Redis frozen (SIGSTOP): timeouts, the fail-safe, and recove
   await waitDesired(client, held, 0, 5000);
 });
 
+test("the model servers' scrapes fail, Prometheus healthy: a busy model whose series vanish keeps its replicas, never idle", async (t) => {
+  const busy = scaledObjectRef('sc-busy', { model: 'busy', targetTokensPerSecond: '1000' });
+  await client.getMetricSpec(busy);
+  await waitDesired(client, busy, 3, 20000);
+  const mark = scaler.proc.mark();
+  const tDown = Date.now();
+  // A vLLM /metrics that hangs under load, or a NetworkPolicy that cuts the
+  // scrapes: Prometheus answers "success" without the model's series.
+  exporter.proc.proc.kill('SIGSTOP');
+  try {
+    // Until the series vanish, rate() over the failed scrapes' window reads
+    // lower and lower (Prometheus extrapolates less as the last sample
+    // ages: a fall the scaler cannot tell from traffic ending); once they
+    // are gone the last rate is kept, and past the limit GetMetrics fails.
+    const seen = [];
+    const deadline = Date.now() + STALENESS_MS + 10000;
+    for (;;) {
+      assert.ok(Date.now() < deadline, `GetMetrics still answering: ${seen.join(' ')}`);
+      assert.deepEqual(await client.isActive(busy), { result: true }, 'IsActive during the outage');
+      const r = await metricsOrError(busy);
+      if (r.code === UNAVAILABLE) break;
+      assert.equal(r.code, undefined, JSON.stringify(r));
+      seen.push(r.value);
+      await sleep(150);
+    }
+    t.diagnostic(`GetMetrics UNAVAILABLE ${Date.now() - tDown} ms after the scrapes began to fail; ` +
+      `answers before: ${[...new Set(seen)].join(', ')}`);
+    assert.ok(seen.every((v) => v >= 1), `scaled towards zero: ${seen.join(' ')}`);
+    await scaler.proc.waitForLog(/event=token_rate_absent model=busy /, 3000, { since: mark });
+    // Well past the limit: still never read as idle.
+    await sleep(STALENESS_MS);
+    assert.deepEqual(await client.isActive(busy), { result: true });
+    assert.equal((await metricsOrError(busy)).code, UNAVAILABLE);
+    const entry = await scaler.model('sc-busy');
+    assert.equal(entry.beyondStalenessLimit, true);
+    assert.ok(entry.desired >= 1, JSON.stringify(entry));
+    const m = await scaler.metrics();
+    assert.equal(sampleValue(m, 'thaw_scaler_source_up', { source: 'prometheus' }), 1,
+      'Prometheus itself answers');
+    const during = decisionsSince(mark, 'sc-busy');
+    assert.ok(during.every((d) => d.desired >= 1 && d.active),
+      `decisions while the series were gone:\n${during.map((d) => d.line).join('\n')}`);
+  } finally {
+    exporter.proc.proc.kill('SIGCONT');
+  }
+  await scaler.proc.waitForLog(/event=token_rate_present model=busy/, 10000, { since: mark });
+  await waitUntil(async () => (await metricsOrError(busy)).value === 3, 10000,
+    { what: 'GetMetrics answering 3 again' });
+});
+
 test('started before its peers: the scaler connects once they come up (Redis db from the URL)', async () => {
   const [redisPort, promPort] = await Promise.all([freePort(), freePort()]);
   const early = await startScaler({

@@ -119,16 +119,47 @@ static void test_targets_share_signals(void **unused)
     assert_true(target_decision(t1)->active);
     scaler_state_prom_ok(st, NULL, 0, 10300);
     assert_int_equal(target_decision(t1)->desired, 2);
-    /* ...then no series means no pods, so no tokens. */
+    assert_false(target_beyond_staleness(st, t1, 10300));
+    /* ...and past it too while the model is active (its idle series would
+     * be there, at 0): the target is then beyond the limit, so GetMetrics
+     * fails and KEDA's fallback applies, and it is never read as idle. */
     scaler_state_prom_ok(st, NULL, 0, 10301);
-    assert_int_equal(target_decision(t1)->desired, 0);
-    assert_false(target_decision(t1)->active);
-    /* Present again with 0: idle at once. */
+    scaler_state_prom_ok(st, NULL, 0, 60000);
+    assert_int_equal(target_decision(t1)->desired, 2);
+    assert_true(target_decision(t1)->active);
+    assert_true(target_beyond_staleness(st, t1, 60000));
+    /* Present again with 0: idle at once, and current again. */
     struct prom_sample zero[] = {{"m1", 0, false}};
-    scaler_state_prom_ok(st, zero, 1, 10400);
+    scaler_state_prom_ok(st, zero, 1, 60100);
     assert_int_equal(target_decision(t1)->desired, 0);
+    assert_false(target_beyond_staleness(st, t1, 60100));
     metadata_spec_finish(&a);
     metadata_spec_finish(&b);
+    scaler_state_free(st);
+}
+
+/* A model no target keeps active (here below its activation rate) whose
+ * series vanish has had its pods removed: past the staleness limit its rate
+ * reads 0 and it is not beyond the limit (IsActive would refuse to answer
+ * inactive for ever otherwise). */
+static void test_absent_inactive_model_reads_zero(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    struct scaler_spec a;
+    char err[128];
+    const char *k[] = {"model", "policy", "activationTokenRate"};
+    const char *v[] = {"m1", "v1", "100"};
+    assert_int_equal(metadata_parse(k, v, 3, &a, NULL, NULL, err, sizeof(err)), 0);
+    struct target *t = scaler_state_upsert(st, "ns", "so", &a, 0);
+    sources_read_empty(st, 50);
+    struct prom_sample s[] = {{"m1", 50, false}};
+    scaler_state_prom_ok(st, s, 1, 100);
+    assert_false(target_decision(t)->active);
+    scaler_state_prom_ok(st, NULL, 0, 200);
+    scaler_state_prom_ok(st, NULL, 0, 200 + cfg.staleness_limit_ms + 1);
+    assert_false(target_beyond_staleness(st, t, 200 + cfg.staleness_limit_ms + 1));
+    assert_int_equal(target_decision(t)->desired, 0);
+    metadata_spec_finish(&a);
     scaler_state_free(st);
 }
 
@@ -1124,6 +1155,7 @@ int main(void)
 {
     const struct CMUnitTest tests[] = {
         cmocka_unit_test(test_targets_share_signals),
+        cmocka_unit_test(test_absent_inactive_model_reads_zero),
         cmocka_unit_test(test_held_and_wake),
         cmocka_unit_test(test_new_target_awaits_its_first_reading),
         cmocka_unit_test(test_invalid_token_rate_keeps_last_good),
