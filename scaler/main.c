@@ -53,6 +53,7 @@ struct settings {
     double held_fresh_seconds;
     double target_expiry_seconds;
     long max_connections;
+    long max_streams;
     long http_max_connections;
     long max_targets;
     long wake_repeat_ms;
@@ -140,6 +141,12 @@ static const struct opt_def option_defs[] = {
      "posts cannot ask for thousands of replicas", "maxWakeHeld"},
     {"max-connections", OPT_INT, S(max_connections), "10000", 1, 1000000,
      "gRPC connections accepted at once", "maxConnections"},
+    {"max-streams-per-connection", OPT_INT, S(max_streams), "0", 0, 2147483647,
+     "concurrent gRPC calls on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); "
+     "KEDA keeps one connection per scaler address and holds a StreamIsActive open on it "
+     "for every external-push trigger, so past this its other calls wait; 0: --max-targets "
+     "plus 1000 (2^31 - 1 with no target limit)",
+     "maxStreamsPerConnection"},
     {"http-max-connections", OPT_INT, S(http_max_connections), "4096", 1, 1000000,
      "connections the HTTP port holds open at once; one more closes the connection idle "
      "longest (2 s at least) or, with none idle, is answered 503 and closed (scrapes, "
@@ -988,7 +995,15 @@ int main(int argc, char **argv)
     }
     size_t nmethods = 0;
     const struct grpc_method *methods = scaler_service_methods(app.svc, &nmethods);
+    /* Every push trigger holds a stream on KEDA's one connection: a limit
+     * below the targets leaves KEDA's later calls queued for ever. */
+    long max_streams = app.cfg.max_streams;
+    if (max_streams == 0)
+        max_streams = app.cfg.max_targets == 0 || app.cfg.max_targets > INT32_MAX - 1000
+                          ? INT32_MAX
+                          : app.cfg.max_targets + 1000;
     struct grpc_server_limits limits = {
+        .max_streams = (uint32_t)max_streams,
         .max_connections = (size_t)app.cfg.max_connections,
         .max_request_bytes = (size_t)app.cfg.max_request_bytes,
         .request_timeout_ms = (int64_t)(app.cfg.request_timeout_seconds * 1000),

@@ -488,6 +488,13 @@ static void handle_stream_is_active(void *ud, struct grpc_call *call, const uint
                                     size_t len)
 {
     struct scaler_service *svc = ud;
+    /* A stream whose message ends after SIGTERM (the GOAWAY admits streams
+     * already begun) ends as the open ones did: registered, nothing would
+     * end it and the exit would wait out --shutdown-timeout-seconds. */
+    if (!svc->serving) {
+        grpc_call_finish(call, GRPC_STATUS_OK, NULL);
+        return;
+    }
     struct target *t = resolve_ref_message(svc, call, msg, len);
     if (!t)
         return;

@@ -368,9 +368,31 @@ test('SIGTERM with streams open: they end with status OK and the process exits 0
   await waitUntil(() => streams.filter((s, i) => i % 2 && s.got.includes(true)).length === 5, 3000,
     { what: 'true on the active model\'s streams' });
 
+  // One more whose message is still arriving at SIGTERM: the GOAWAY admits
+  // it, and it must end like the others, not hold the exit until
+  // --shutdown-timeout-seconds.
+  const { ExternalScaler } = loadGrpc();
+  const body = ExternalScaler.service.StreamIsActive.requestSerialize(active);
+  const msg = Buffer.concat([Buffer.from([0, 0, 0, 0, 0]), body]);
+  msg.writeUInt32BE(body.length, 1);
+  const h2 = http2.connect(`http://${scaler.address}`);
+  const late = { trailers: null, closed: false };
+  const lateReq = h2.request({ ':method': 'POST', ':path': '/externalscaler.ExternalScaler/StreamIsActive',
+    'content-type': 'application/grpc', te: 'trailers' });
+  lateReq.on('trailers', (tr) => { late.trailers = tr; });
+  lateReq.on('response', (hd) => { if (hd['grpc-status'] !== undefined) late.trailers = hd; });
+  lateReq.on('close', () => { late.closed = true; });
+  lateReq.on('data', () => {});
+  lateReq.on('error', () => {});
+  lateReq.write(msg.subarray(0, 3));
+  await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_grpc_server_streams_open') >= 11,
+    3000, { what: 'the half-sent stream open' });
+
   const mark = scaler.proc.mark();
   const t0 = Date.now();
   scaler.proc.proc.kill('SIGTERM');
+  await scaler.proc.waitForLog(/event=shutdown /, 2000, { since: mark });
+  lateReq.end(msg.subarray(3));
   const code = await Promise.race([scaler.proc.exited, sleep(5000).then(() => 'timeout')]);
   const took = Date.now() - t0;
   assert.equal(code, 0, `exit code after SIGTERM (${took} ms); output:\n${scaler.proc.output().slice(-2000)}`);
@@ -384,6 +406,9 @@ test('SIGTERM with streams open: they end with status OK and the process exits 0
       `stream ${i}: status ${s.status.code} ${s.status.details}`);
     assert.equal(s.error, null, `stream ${i}: ${s.error?.message}`);
   }
+  await waitUntil(() => late.closed, 2000, { what: 'the half-sent stream closed' });
+  assert.equal(late.trailers?.['grpc-status'], '0', `the half-sent stream: ${JSON.stringify(late.trailers)}`);
+  h2.close();
   for (const cl of others) cl.close();
 });
 

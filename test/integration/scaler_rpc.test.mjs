@@ -522,6 +522,33 @@ test('500 open StreamIsActive streams: counted, all woken, all released', async 
   assert.deepEqual(await scaler.client.healthCheck(''), { status: 'SERVING' });
 });
 
+test('1 100 StreamIsActive streams on one connection (KEDA: one per push trigger): its other calls still pass', async () => {
+  await waitUntil(async () => (await streamsOpen()) === 0, 5000, { what: 'no streams open' });
+  const ref = scaledObjectRef('pushers-so', { model: 'rpc-pushers' });
+  const client = separateConnectionClient(scaler.address);
+  const calls = [];
+  try {
+    for (let i = 0; i < 1100; i++) {
+      const call = client.StreamIsActive(ref);
+      call.on('data', () => {});
+      call.on('error', () => {});
+      calls.push(call);
+    }
+    await waitUntil(async () => (await streamsOpen()) === 1100, 20000, { what: '1 100 streams open' });
+    // With a per-connection limit below the streams, the client queues this
+    // call behind them until its deadline.
+    const spec = await new Promise((resolve, reject) => {
+      client.GetMetricSpec(ref, { deadline: Date.now() + 3000 },
+        (err, r) => (err ? reject(new Error(`${statusName(err.code)} ${err.details}`)) : resolve(r)));
+    });
+    assert.equal(spec.metricSpecs[0].metricName, 'thaw-rpc-pushers');
+  } finally {
+    for (const c of calls) c.cancel();
+    await waitUntil(async () => (await streamsOpen()) === 0, 10000, { what: 'streams released' });
+    client.close();
+  }
+});
+
 test('stream churn under a flood of wakes: no stream lost or left behind', async () => {
   await waitUntil(async () => (await streamsOpen()) === 0, 5000, { what: 'no streams open' });
   const ref = scaledObjectRef('churn-so', { model: 'rpc-churn' });
