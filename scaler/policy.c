@@ -649,9 +649,17 @@ void policy_decide(const struct policy_params *p, struct policy_state *st,
         double carried = clean(in->inflight);
         if (carried > 0)
             st->carried_seen_ms = now_ms;
-        busy = carried > 0 || q > p->activation_queue_length || h > 0 ||
-               (st->carried_seen_ms != NO_TIME &&
-                now_ms - st->carried_seen_ms < POLICY_ACTIVATORS_IDLE_MS);
+        /* Tokens the activators have not carried for longer than the rate
+         * can lag: traffic they do not see. Scaling it to zero would cut
+         * off clients the activators cannot hold. */
+        int64_t carried_ms =
+            st->carried_seen_ms != NO_TIME ? st->carried_seen_ms : st->first_call_ms;
+        bool unseen = !in->token_rate_stale && r > p->activation_token_rate &&
+                      now_ms - carried_ms > p->rate_window_ms + POLICY_ACTIVATORS_DISAGREE_MS;
+        if (!unseen)
+            busy = carried > 0 || q > p->activation_queue_length || h > 0 ||
+                   (st->carried_seen_ms != NO_TIME &&
+                    now_ms - st->carried_seen_ms < POLICY_ACTIVATORS_IDLE_MS);
     }
     if (busy && !st->busy) {
         if (st->seen_busy && st->idle_since_ms != NO_TIME)

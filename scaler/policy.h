@@ -92,6 +92,12 @@
 /* With idle_by_activators, nothing carried for this long is idle: one read of
  * 0 between two requests is not. */
 #define POLICY_ACTIVATORS_IDLE_MS 2000
+/* With idle_by_activators, a current token rate still above the activation
+ * rate this long (past its own window) after the activators last carried a
+ * request means they do not see this model's traffic (clients calling the
+ * model servers directly, their fields lost with Redis's data): the rate
+ * decides again. Covers Prometheus's scrape interval and the query's. */
+#define POLICY_ACTIVATORS_DISAGREE_MS 30000
 
 struct policy_params {
     double target_tokens_per_second; /* > 0: tokens/s one replica sustains */

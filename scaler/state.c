@@ -676,8 +676,11 @@ bool target_beyond_staleness(const struct scaler_state *st, const struct target 
     if (t->model->invalid_since_ms != 0 &&
         now_ms - t->model->invalid_since_ms > st->cfg.staleness_limit_ms)
         return true;
+    /* (For an inactive model absence past the limit reads as 0 at the
+     * next answer: not stale, and not a reason to refuse "inactive".) */
     if (t->model->absent_since_ms != 0 &&
-        now_ms - t->model->absent_since_ms > st->cfg.staleness_limit_ms)
+        now_ms - t->model->absent_since_ms > st->cfg.staleness_limit_ms &&
+        model_active(t->model))
         return true;
     /* Every target reads all three sources. */
     for (int s = 0; s < SOURCE_COUNT; s++)

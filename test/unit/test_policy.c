@@ -977,6 +977,54 @@ static void test_idle_by_activators(void **unused)
     assert_true(d.active);
 }
 
+/* Tokens the activators do not carry (clients calling the model servers
+ * directly, or the activators' fields lost with Redis's data): once the rate
+ * has outlived its window and the scrape lag, the rate decides again, rather
+ * than keeping a model with traffic at zero. A stale rate (a model at zero
+ * whose series are gone keeps its last one) never does. */
+static void test_idle_by_activators_unseen_traffic(void **unused)
+{
+    struct policy_params p = v2();
+    p.keep_warm_cost = 0.1; /* K = 6 s */
+    p.idle_by_activators = true;
+    struct policy_state st;
+    policy_state_init(&st);
+    struct policy_decision d = {0};
+    int t = 0;
+    for (; t < 10; t++)
+        d = run_inflight(&p, &st, 300, 0, 0, 4, (int64_t)t * 1000);
+    assert_int_equal(d.desired, 3);
+    /* The activators carry nothing from 10 s on; the rate stays at 300. */
+    for (; t < 60; t++)
+        d = run_inflight(&p, &st, 300, 0, 0, 0, (int64_t)t * 1000);
+    assert_false(d.active); /* the activators' word, within the rate's lag */
+    int64_t unseen_at = 9000 + p.rate_window_ms + POLICY_ACTIVATORS_DISAGREE_MS;
+    for (; (int64_t)t * 1000 <= unseen_at; t++)
+        d = run_inflight(&p, &st, 300, 0, 0, 0, (int64_t)t * 1000);
+    assert_false(d.active);
+    d = run_inflight(&p, &st, 300, 0, 0, 0, (int64_t)t * 1000);
+    assert_true(d.active);
+    assert_int_equal(d.desired, 3);
+
+    /* The same with the rate stale: the activators' idle stands. */
+    policy_state_init(&st);
+    for (t = 0; t < 10; t++)
+        d = run_inflight(&p, &st, 300, 0, 0, 4, (int64_t)t * 1000);
+    for (; t < 200; t++) {
+        struct policy_inputs in = {.token_rate = 300, .inflight = 0, .inflight_known = true,
+                                   .token_rate_stale = t >= 20};
+        policy_decide(&p, &st, &in, (int64_t)t * 1000, &d);
+    }
+    assert_false(d.active);
+
+    /* Never carried anything since the scaler started: counted from there. */
+    policy_state_init(&st);
+    for (t = 0; t <= 95; t++)
+        d = run_inflight(&p, &st, 300, 0, 0, 0, (int64_t)t * 1000);
+    assert_true(d.active);
+    assert_int_equal(d.desired, 3);
+}
+
 static void test_idle_by_activators_still_learns_tokens_per_request(void **unused)
 {
     struct policy_params p = v2();
@@ -1509,6 +1557,7 @@ int main(void)
         cmocka_unit_test(test_released_backlog_stays_busy_for_a_rate_window),
         cmocka_unit_test(test_keep_warm_break_even),
         cmocka_unit_test(test_idle_by_activators),
+        cmocka_unit_test(test_idle_by_activators_unseen_traffic),
         cmocka_unit_test(test_idle_by_activators_still_learns_tokens_per_request),
         cmocka_unit_test(test_zero_forgets_the_windows),
         cmocka_unit_test(test_v2_stale_hold),
