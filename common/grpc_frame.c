@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "alloc.h"
+#include "utf8.h"
 
 static const char *const status_names[GRPC_STATUS_COUNT] = {
     "OK",        "CANCELLED",          "UNKNOWN",           "INVALID_ARGUMENT",
@@ -186,21 +187,38 @@ void grpc_frame_header(uint8_t out[GRPC_FRAME_HEADER_LEN], uint32_t len)
 char *grpc_percent_encode(char *out, size_t outlen, const char *s)
 {
     static const char hex[] = "0123456789ABCDEF";
+    /* U+FFFD for a byte that starts no UTF-8 sequence: the trailer must
+     * decode to UTF-8 (grpc-go keeps invalid bytes in the status message,
+     * grpc-js fails to decode it), and messages quote values cut at a byte
+     * count. */
+    static const unsigned char replacement[] = {0xef, 0xbf, 0xbd};
     size_t o = 0;
     if (outlen == 0)
         return out;
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
+    const unsigned char *p = (const unsigned char *)s;
+    size_t left = strlen(s);
+    while (left > 0) {
         if (*p >= 0x20 && *p <= 0x7e && *p != '%') {
             if (o + 1 >= outlen)
                 break;
             out[o++] = (char)*p;
-        } else {
-            if (o + 3 >= outlen)
-                break;
-            out[o++] = '%';
-            out[o++] = hex[*p >> 4];
-            out[o++] = hex[*p & 15];
+            p++;
+            left--;
+            continue;
         }
+        size_t n = *p < 0x80 ? 1 : utf8_seq_len(p, left);
+        const unsigned char *seq = n ? p : replacement;
+        size_t emit = n ? n : sizeof(replacement);
+        /* A character whole or not at all: truncation must not cut one. */
+        if (o + 3 * emit >= outlen)
+            break;
+        for (size_t i = 0; i < emit; i++) {
+            out[o++] = '%';
+            out[o++] = hex[seq[i] >> 4];
+            out[o++] = hex[seq[i] & 15];
+        }
+        p += n ? n : 1;
+        left -= n ? n : 1;
     }
     out[o] = '\0';
     return out;

@@ -203,6 +203,16 @@ static void test_status_and_percent(void **unused)
     assert_string_equal(grpc_percent_encode(out, sizeof(out), "caf\xc3\xa9"), "caf%C3%A9");
     /* Truncation never splits an escape. */
     assert_string_equal(grpc_percent_encode(out, 6, "ab\ncd"), "ab%0A");
+    /* A character cut at a byte count (a value quoted with %.64s), or any
+     * byte that starts no UTF-8 sequence, becomes U+FFFD: the trailer must
+     * decode to UTF-8. */
+    assert_string_equal(grpc_percent_encode(out, sizeof(out), "got 'x\xc3'"),
+                        "got 'x%EF%BF%BD'");
+    assert_string_equal(grpc_percent_encode(out, sizeof(out), "\xff\xc3\xa9"),
+                        "%EF%BF%BD%C3%A9");
+    /* Truncation never splits a character either. */
+    assert_string_equal(grpc_percent_encode(out, 9, "ab\xc3\xa9"), "ab%C3%A9");
+    assert_string_equal(grpc_percent_encode(out, 8, "ab\xc3\xa9"), "ab");
     assert_string_equal(grpc_read_result_to_str(GRPC_READ_TOO_LARGE),
                         "message larger than the limit");
 }
