@@ -398,10 +398,14 @@ static int on_header(nghttp2_session *session, const nghttp2_frame *frame, const
     } else if (namelen == 7 && memcmp(name, ":method", 7) == 0) {
         call->is_post = (valuelen == 4 && memcmp(value, "POST", 4) == 0);
     } else if (namelen == 12 && memcmp(name, "content-type", 12) == 0) {
-        /* application/grpc, optionally +proto or ;params */
-        call->content_type_ok =
-            valuelen >= 16 && memcmp(value, "application/grpc", 16) == 0 &&
-            (valuelen == 16 || value[16] == '+' || value[16] == ';');
+        /* application/grpc, optionally +proto, then optionally ;params.
+         * Another subtype (+json) names an encoding this server does not
+         * speak: decoding it as protobuf would answer garbage. */
+        size_t sub = 16;
+        if (valuelen >= 22 && memcmp(value + 16, "+proto", 6) == 0)
+            sub = 22;
+        call->content_type_ok = valuelen >= 16 && memcmp(value, "application/grpc", 16) == 0 &&
+                                (valuelen == sub || value[sub] == ';');
     }
     return 0;
 }

@@ -344,7 +344,8 @@ test('wrong content-type: HTTP 415; GET: 405; the connection keeps serving', asy
   try {
     const framed = Buffer.from([0, 0, 0, 0, 0]);   // one empty message
     const base = { ':method': 'POST', ':path': '/grpc.health.v1.Health/Check', te: 'trailers' };
-    for (const ct of ['application/json', 'text/plain', 'application/grpcx', 'application/grp']) {
+    for (const ct of ['application/json', 'text/plain', 'application/grpcx', 'application/grp',
+      'application/grpc+json', 'application/grpc+protobuf']) {
       const r = await h2Request(session, { ...base, 'content-type': ct }, framed);
       assert.equal(r.headers[':status'], 415, `content-type ${ct}`);
     }
@@ -354,7 +355,8 @@ test('wrong content-type: HTTP 415; GET: 405; the connection keeps serving', asy
       { ':method': 'GET', ':path': '/grpc.health.v1.Health/Check', 'content-type': 'application/grpc' });
     assert.equal(get.headers[':status'], 405, 'GET');
 
-    for (const ct of ['application/grpc', 'application/grpc+proto', 'application/grpc;charset=utf-8']) {
+    for (const ct of ['application/grpc', 'application/grpc+proto', 'application/grpc;charset=utf-8',
+      'application/grpc+proto;charset=utf-8']) {
       const ok = await h2Request(session, { ...base, 'content-type': ct }, framed);
       assert.equal(ok.headers[':status'], 200, `content-type ${ct}`);
       assert.equal(ok.headers['content-type'], 'application/grpc');
