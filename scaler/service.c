@@ -212,9 +212,80 @@ static struct target *resolve(struct scaler_service *svc, struct grpc_call *call
     return t;
 }
 
+/* A varint at *p (before end); false if cut off or over 10 bytes. */
+static bool pb_varint(const uint8_t **p, const uint8_t *end, uint64_t *out)
+{
+    uint64_t v = 0;
+    for (int shift = 0; shift < 70 && *p < end; shift += 7) {
+        uint8_t b = *(*p)++;
+        v |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *out = v;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* True unless a string field of desc (or of a message in it, maps
+ * included) holds a NUL byte. protobuf-c hands strings over as C strings,
+ * so "5\0junk" would read as 5 and the models "a\0one" and "a\0two" as one
+ * model "a". Malformed input passes here: the unpack refuses it. */
+static bool pb_strings_without_nul(const uint8_t *msg, size_t len,
+                                   const ProtobufCMessageDescriptor *desc, int depth)
+{
+    const uint8_t *p = msg, *end = msg + len;
+    if (depth > 8)
+        return true;
+    while (p < end) {
+        uint64_t tag, n;
+        if (!pb_varint(&p, end, &tag))
+            return true;
+        switch (tag & 7) {
+        case 0:
+            if (!pb_varint(&p, end, &n))
+                return true;
+            break;
+        case 1:
+            if (end - p < 8)
+                return true;
+            p += 8;
+            break;
+        case 5:
+            if (end - p < 4)
+                return true;
+            p += 4;
+            break;
+        case 2: {
+            if (!pb_varint(&p, end, &n) || n > (uint64_t)(end - p))
+                return true;
+            const ProtobufCFieldDescriptor *f =
+                tag >> 3 <= UINT32_MAX
+                    ? protobuf_c_message_descriptor_get_field(desc, (unsigned)(tag >> 3))
+                    : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_STRING && memchr(p, 0, (size_t)n))
+                return false;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE &&
+                !pb_strings_without_nul(p, (size_t)n, f->descriptor, depth + 1))
+                return false;
+            p += n;
+            break;
+        }
+        default:
+            return true;
+        }
+    }
+    return true;
+}
+
 static Externalscaler__ScaledObjectRef *unpack_ref(struct grpc_call *call, const uint8_t *msg,
                                                    size_t len)
 {
+    if (!pb_strings_without_nul(msg, len, &externalscaler__scaled_object_ref__descriptor, 0)) {
+        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                         "a string in the request holds a NUL byte");
+        return NULL;
+    }
     Externalscaler__ScaledObjectRef *ref =
         externalscaler__scaled_object_ref__unpack(&pb_allocator, len, msg);
     if (!ref)
@@ -563,6 +634,11 @@ static void handle_get_metric_spec(void *ud, struct grpc_call *call, const uint8
 static void handle_get_metrics(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
 {
     struct scaler_service *svc = ud;
+    if (!pb_strings_without_nul(msg, len, &externalscaler__get_metrics_request__descriptor, 0)) {
+        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                         "a string in the request holds a NUL byte");
+        return;
+    }
     Externalscaler__GetMetricsRequest *req =
         externalscaler__get_metrics_request__unpack(&pb_allocator, len, msg);
     if (!req) {

@@ -238,7 +238,7 @@ function rawRef(name, ns, metadata) {
     ...metadata.map(([k, v]) => pbField(3, Buffer.concat([pbField(1, k), pbField(2, v)])))]);
 }
 
-test('strings that are not UTF-8: INVALID_ARGUMENT, and /models and /metrics stay valid', async () => {
+test('strings that are not UTF-8, or hold NUL: INVALID_ARGUMENT, and /models and /metrics stay valid', async () => {
   const c = scaler.client;
   const IA = grpcStatus.INVALID_ARGUMENT;
   const bad = Buffer.from([0xff, 0xfe]);
@@ -253,6 +253,11 @@ test('strings that are not UTF-8: INVALID_ARGUMENT, and /models and /metrics sta
     [rawRef('u8', 'default', [...good, [bad, 'y']]), /a metadata key is not valid UTF-8/],
     [rawRef(bad, 'default', good), /name or namespace is not valid UTF-8/],
     [rawRef('u8', surrogate, good), /name or namespace is not valid UTF-8/],
+    // NUL is UTF-8, but protobuf-c's C strings would end there: "5\0junk"
+    // read as 5, "a\0one" and "a\0two" as the one model "a".
+    [rawRef('u8', 'default', [...good, ['targetQueueLength', Buffer.from('5\0junk')]]), /holds a NUL byte/],
+    [rawRef('u8', 'default', [['model', Buffer.from('a\0one')], ['policy', 'v1']]), /holds a NUL byte/],
+    [rawRef(Buffer.from('u8\0x'), 'default', good), /holds a NUL byte/],
   ];
   for (const [bytes, re] of cases) {
     for (const method of ['IsActive', 'GetMetricSpec', 'StreamIsActive']) {
@@ -266,6 +271,9 @@ test('strings that are not UTF-8: INVALID_ARGUMENT, and /models and /metrics sta
   const okRef = rawRef('u8-ok', 'default', good);
   await rejectsWith(c.unaryRaw('/externalscaler.ExternalScaler/GetMetrics',
     Buffer.concat([pbField(1, okRef), pbField(2, bad)])), IA, /metricName is not valid UTF-8/, 'metricName');
+  await rejectsWith(c.unaryRaw('/externalscaler.ExternalScaler/GetMetrics',
+    Buffer.concat([pbField(1, okRef), pbField(2, Buffer.from('thaw-a\0b'))])), IA, /holds a NUL byte/,
+  'metricName with NUL');
   // Multi-byte UTF-8 is fine everywhere.
   const utf8Ref = rawRef('modèle-é', 'default', [['model', Buffer.from('rpc-ünï-コード')], ['policy', Buffer.from('v1')]]);
   assert.ok((await c.unaryRaw(isActive, utf8Ref)).length >= 0);
