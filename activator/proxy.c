@@ -955,7 +955,8 @@ static void up_event_cb(struct conn *c, int what, int err, void *arg)
     }
     /* Once a request has left, it is resent only when the backend provably
      * did not read it: a pooled connection it closed as the request arrived
-     * (its keep-alive timeout). That shows as request bytes its TCP never
+     * (its keep-alive timeout), or a fresh one it accepted as it closed its
+     * listener. That shows as request bytes its TCP never
      * acknowledged (closed before they came), or as a reset (closed with
      * them unread: the kernel resets, where a close after reading all is a
      * FIN). Every byte acknowledged and then a FIN means it read the request
@@ -964,14 +965,17 @@ static void up_event_cb(struct conn *c, int what, int err, void *arg)
      * down: it accepted the connection, and a refusal is what tells a
      * scale-down (above); probes judge its health. */
     bool reset = (what & CONN_ERROR) && (err == ECONNRESET || err == EPIPE);
-    if (!r->resp_started && r->replayable && r->up_reused &&
-        r->sent_retries < MAX_SENT_RETRIES && (unacked != 0 || reset)) {
+    if (!r->resp_started && r->replayable && r->sent_retries < MAX_SENT_RETRIES &&
+        (unacked != 0 || reset)) {
         r->sent_retries++;
         /* Its pool siblings are likely dead too (a crashed replica): the
          * resend opens a new connection, which a dead backend refuses, and
-         * a refusal is the scale-down race, held and retried, never a 502. */
+         * a refusal is the scale-down race, held and retried, never a 502.
+         * A fresh connection left unread is that race one step later: the
+         * replica accepted it into its backlog and closed its listener
+         * (terminating), so the endpoint is down, as on a refusal. */
         r->fresh_only = true;
-        retry_upstream(r, false);
+        retry_upstream(r, !r->up_reused);
         return;
     }
     /* A plain close (EOF) carries no errno: strerror(0) would say "Success". */

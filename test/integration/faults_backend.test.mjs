@@ -196,12 +196,15 @@ test('backend killed between requests: pooled connections die; the next requests
  * whole and its connection closed without an answer (FIN: a worker that
  * dropped it); with b.resetPooled set, the second request on a connection is
  * not read and the connection is reset (a keep-alive close racing the
- * request, the kernel resetting what the backend never read). Any other
+ * request, the kernel resetting what the backend never read); with
+ * b.resetFreshOnce, the next request on a new connection is reset the same
+ * way, once (a replica closing its listener with the connection in its
+ * backlog as it terminates). Any other
  * request is answered 200. b.read lists the bodies read.
  */
 function droppingBackend() {
   return new Promise((resolve, reject) => {
-    const b = { read: [], resetPooled: false, resets: 0, server: null, port: 0 };
+    const b = { read: [], resetPooled: false, resetFreshOnce: false, resets: 0, server: null, port: 0 };
     b.server = net.createServer((sock) => {
       let buf = Buffer.alloc(0);
       let served = 0;
@@ -213,7 +216,9 @@ function droppingBackend() {
           if (end < 0) return;
           const head = buf.subarray(0, end).toString('latin1');
           const len = Number(/\r\ncontent-length:\s*(\d+)/i.exec(head)?.[1] ?? 0);
-          if (served >= 1 && b.resetPooled && !head.startsWith('GET /health')) {
+          const fresh = served === 0 && b.resetFreshOnce;
+          if ((fresh || (served >= 1 && b.resetPooled)) && !head.startsWith('GET /health')) {
+            if (fresh) b.resetFreshOnce = false;
             b.resets++;
             sock.resetAndDestroy();
             return;
@@ -298,6 +303,26 @@ test('a pooled connection reset with the request unread: resent once on a fresh 
     assert.equal(m.coldStarts, before.coldStarts);
     const acc = await accountedFor(act);
     assert.deepEqual(acc.outcomes, { ok: 2 });
+  } finally {
+    b.server.close();
+    await act.stop();
+  }
+});
+
+// A fresh connection reset with the request unread is the scale-down race
+// one step after a refused connect: the replica accepted the connection into
+// its backlog and closed its listener. Resent, not a 502.
+test('a fresh connection reset with the request unread: resent, answered 200', async () => {
+  const b = await droppingBackend();
+  const act = await startActivator({ models: [modelCfg('freshreset', b.port)] }, { redisUrl: redis.url });
+  try {
+    b.resetFreshOnce = true;
+    const r = await complete(act.port, 'freshreset', { prompt: 'unread', timeoutMs: 10000 });
+    assert.equal(r.status, 200, r.body.toString());
+    assert.equal(b.resets, 1, 'the fresh connection was reset');
+    assert.equal(b.read.filter((x) => x.includes('unread')).length, 1, 'read once, when resent');
+    const acc = await accountedFor(act);
+    assert.deepEqual(acc.outcomes, { ok: 1 });
   } finally {
     b.server.close();
     await act.stop();
