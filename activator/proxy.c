@@ -1317,12 +1317,37 @@ static void compact_buffer(struct evbuffer **b)
     *b = nb;
 }
 
+/* How far a client connection reads ahead: bufferBytes, and at least a
+ * whole request head. */
+static size_t client_read_high(const struct proxy *px)
+{
+    const struct limits_config *lim = &px->cfg->limits;
+    size_t hi = (size_t)lim->buffer_bytes;
+    if (hi < (size_t)lim->max_header_bytes + 2048)
+        hi = (size_t)lim->max_header_bytes + 2048;
+    return hi;
+}
+
+/* While its request is held a client is not read further: what it sends
+ * beyond the routed body (the rest of a long prompt, pipelined requests)
+ * would sit in the connection's input, up to bufferBytes each, uncharged
+ * by maxHeldBytes. What is already there is charged. One byte stays
+ * readable when none is, so a close is still seen at once; otherwise the
+ * reaper asks the socket (reap_held_clients). */
+static size_t hold_client_input(struct client *cl)
+{
+    size_t in = evbuffer_get_length(conn_input(cl->c));
+    conn_set_read_high(cl->c, in > 0 ? in : 1);
+    return in;
+}
+
 static void req_hold(struct req *r)
 {
     struct model_rt *m = r->m;
     int64_t now = now_ms();
     size_t was = m->hq.count;
     if (r->was_held) {
+        (void)hold_client_input(r->cl); /* charged at the first hold */
         holdq_push_front(&m->hq, &r->hq);
         if (r->heartbeat) {
             struct timeval tv;
@@ -1333,7 +1358,7 @@ static void req_hold(struct req *r)
         compact_buffer(&r->head);
         compact_buffer(&r->body);
         size_t bytes = HELD_FIXED_BYTES + evbuffer_get_length(r->head) +
-                       evbuffer_get_length(r->body);
+                       evbuffer_get_length(r->body) + hold_client_input(r->cl);
         while (!holdq_fits(&m->hq, bytes)) {
             struct holdq_node *v = holdq_victim(&m->hq, r->tier, bytes);
             if (!v)
@@ -1409,6 +1434,7 @@ static bool can_forward(const struct model_rt *m)
 /* Sends a request just taken from the hold queue on its way. */
 static void send_held(struct req *r, int64_t held_ms)
 {
+    conn_set_read_high(r->cl->c, client_read_high(r->m->px));
     r->cold_ms = held_ms;
     if (r->heartbeat)
         evtimer_del(r->heartbeat);
@@ -2243,6 +2269,7 @@ static void client_close(struct client *cl, bool linger)
     cl->linger_until_ms = now_ms() + lim->lingering_time_ms;
     cl->linger_last = true;
     arm_timer(cl, lim->lingering_time_ms);
+    conn_set_read_high(cl->c, client_read_high(px)); /* a hold may have lowered it */
     conn_enable_read(cl->c);
     linger_discard(cl);
     if (cl->linger && evbuffer_get_length(conn_output(cl->c)) == 0)
@@ -2277,6 +2304,7 @@ static void client_send_timeout(struct client *cl)
 static void client_next(struct client *cl)
 {
     struct proxy *px = cl->px;
+    conn_set_read_high(cl->c, client_read_high(px)); /* a hold may have lowered it */
     http1_scan_init(&cl->scan);
     cl->idle_crlf = 0;
     arm_timer(cl, px->cfg->limits.idle_timeout_ms);
@@ -2482,11 +2510,8 @@ static void accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct soc
     px->nclients++;
     px->connections++;
     const struct limits_config *lim = &px->cfg->limits;
-    size_t hi = (size_t)lim->buffer_bytes;
-    if (hi < (size_t)lim->max_header_bytes + 2048)
-        hi = (size_t)lim->max_header_bytes + 2048;
     conn_setcb(cl->c, client_read_cb, client_write_cb, client_event_cb, cl);
-    conn_set_read_high(cl->c, hi);
+    conn_set_read_high(cl->c, client_read_high(px));
     conn_set_write_low(cl->c, (size_t)lim->buffer_bytes / 2);
     conn_set_send_timeout(cl->c, lim->send_timeout_ms);
     conn_enable_read(cl->c);
