@@ -1377,7 +1377,9 @@ static void req_hold(struct req *r)
         }
         holdq_push(&m->hq, &r->hq, r->tier, bytes, now, now + m->mc->hold_timeout_ms);
         r->was_held = true;
-        if (r->stream && m->mc->sse_heartbeat_ms > 0 && r->version_minor >= 1) {
+        /* Not to a HEAD: its answer has no body to carry the comments. */
+        if (r->stream && !r->head_method && m->mc->sse_heartbeat_ms > 0 &&
+            r->version_minor >= 1) {
             r->heartbeat = evtimer_new(m->px->base, heartbeat_cb, r);
             if (r->heartbeat) {
                 struct timeval tv;

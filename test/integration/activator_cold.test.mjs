@@ -329,6 +329,11 @@ test('SSE heartbeat for long holds: comment lines first, then the token stream',
       body: { model: 'hb', stream: true, max_tokens: 3, messages: [{ role: 'user', content: 'x' }] },
     });
     const plain = complete(act.port, 'hb'); // not streaming: no heartbeat
+    // Nor to a HEAD, whose answer has no body to carry the comments.
+    const head = request(act.port, {
+      method: 'HEAD', path: '/v1/chat/completions', timeoutMs: 10000,
+      body: { model: 'hb', stream: true, max_tokens: 3, messages: [{ role: 'user', content: 'x' }] },
+    });
     await sleep(700);
     const fv = await startFakeVllm({ model: 'hb', port });
     const r = await pending;
@@ -342,6 +347,9 @@ test('SSE heartbeat for long holds: comment lines first, then the token stream',
     const p = await plain;
     assert.equal(p.status, 200);
     assert.equal(p.headers['x-thaw-heartbeat'], undefined);
+    const h = await head;
+    assert.equal(h.headers['x-thaw-heartbeat'], undefined, JSON.stringify(h.headers));
+    assert.equal(h.body.length, 0);
     await fv.stop();
     await assertAccounted(act);
   } finally {
