@@ -295,6 +295,7 @@ static void client_next(struct client *cl);
 static void client_process(struct client *cl);
 static void req_forward(struct req *r);
 static void req_hold(struct req *r);
+static void read_client_again(struct req *r);
 static void model_dispatch(struct req *r, enum model_event ev);
 static void model_apply(struct model_rt *m, unsigned act);
 static void release_held(struct model_rt *m);
@@ -912,6 +913,7 @@ static void up_event_cb(struct conn *c, int what, int err, void *arg)
     if (what & CONN_CONNECTED) {
         conn_set_timeout(c, 0);
         r->state = RS_UPSTREAM;
+        read_client_again(r);
         commit_sent(r);
         pump_to_upstream(r);
         return;
@@ -1227,6 +1229,7 @@ static void req_forward(struct req *r)
         r->up = c;
         r->up_reused = true;
         r->state = RS_UPSTREAM;
+        read_client_again(r);
         send_request(r);
         commit_sent(r);
         up_setup(r);
@@ -1341,6 +1344,15 @@ static size_t hold_client_input(struct client *cl)
     return in;
 }
 
+/* The request is on its way upstream: its client is read ahead again (the
+ * body streams on). Not before: a request that goes back to the hold queue
+ * (a connect that fails or times out, a full endpoint) would come back with
+ * what was read meanwhile uncharged. */
+static void read_client_again(struct req *r)
+{
+    conn_set_read_high(r->cl->c, client_read_high(r->cl->px));
+}
+
 static void req_hold(struct req *r)
 {
     struct model_rt *m = r->m;
@@ -1436,7 +1448,6 @@ static bool can_forward(const struct model_rt *m)
 /* Sends a request just taken from the hold queue on its way. */
 static void send_held(struct req *r, int64_t held_ms)
 {
-    conn_set_read_high(r->cl->c, client_read_high(r->m->px));
     r->cold_ms = held_ms;
     if (r->heartbeat)
         evtimer_del(r->heartbeat);

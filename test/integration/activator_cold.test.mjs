@@ -646,7 +646,10 @@ test('long prompts held: maxHeldBytes charges what they take (the rest of each b
   const socks = [];
   try {
     const rss = () => Number(/VmRSS:\s+(\d+)/.exec(fs.readFileSync(`/proc/${act.proc.proc.pid}/status`, 'utf8'))[1]);
+    // Bytes the process has read (sockets included), in KiB.
+    const readKiB = () => Number(/rchar:\s+(\d+)/.exec(fs.readFileSync(`/proc/${act.proc.proc.pid}/io`, 'utf8'))[1]) / 1024;
     const rss0 = rss();
+    const read0 = readKiB();
     const body = Buffer.from(`{"model":"longp","prompt":"${'x'.repeat(1024 * 1024)}"}`);
     for (let i = 0; i < 150; i++) {
       const s = net.connect(act.port, '127.0.0.1');
@@ -660,9 +663,12 @@ test('long prompts held: maxHeldBytes charges what they take (the rest of each b
     const m = await act.metrics();
     const charged = metricSum(m, 'thaw_activator_held_bytes', { model: 'longp' }) / 1024;
     const grown = rss() - rss0;
-    t.diagnostic(`150 held 1 MiB prompts: charged ${charged.toFixed(0)} KiB, RSS grew ${grown} KiB`);
-    // Each is charged its head, routed body and what it had sent on top.
+    const read = readKiB() - read0;
+    t.diagnostic(`150 held 1 MiB prompts: charged ${charged.toFixed(0)} KiB, read ${read.toFixed(0)} KiB, RSS grew ${grown} KiB`);
+    // Each is charged its head, routed body and what it had sent on top, and
+    // no more is read from it while it is held (before, bufferBytes each).
     assert.ok(charged >= 150 * 64, `charged ${charged} KiB`);
+    assert.ok(read < charged * 1.3 + 1024, `read ${read} KiB from clients for ${charged} KiB charged`);
     // A sanitizer's shadow memory and quarantine: only the charge is checked.
     if (!underSanitizer) assert.ok(grown < charged * 1.5 + 8192, `RSS grew ${grown} KiB for ${charged} KiB charged`);
   } finally {
