@@ -89,7 +89,9 @@ struct grpc_server {
     size_t request_bytes; /* held by requests in progress, at most limits.max_request_bytes */
     uint64_t requests_over_budget;
     uint64_t request_timeouts;
+    uint64_t streams_refused; /* past limits.max_streams_total */
     int64_t over_budget_logged_ms; /* one log line per 10 s at most */
+    int64_t streams_full_logged_ms;
     int shutting_down;
     uint64_t connections_rejected;
     uint64_t accept_pauses;       /* out of descriptors or memory: accepting paused */
@@ -347,6 +349,21 @@ static int on_begin_headers(nghttp2_session *session, const nghttp2_frame *frame
     struct conn *c = user_data;
     if (frame->hd.type != NGHTTP2_HEADERS || frame->headers.cat != NGHTTP2_HCAT_REQUEST)
         return 0;
+    struct grpc_server *srv = c->srv;
+    /* Each open stream costs about 1 KiB, whatever its request holds: the
+     * per-connection SETTINGS bound times the connections is no bound. A
+     * refused stream is one gRPC clients may retry. */
+    if (srv->limits.max_streams_total && srv->streams_open >= srv->limits.max_streams_total) {
+        srv->streams_refused++;
+        if (log_throttle(&srv->streams_full_logged_ms, clock_mono_ms()))
+            LOG_WARN("grpc_streams_full", "peer=%s streams_open=%zu limit=%zu refused_total=%llu",
+                     c->peer, srv->streams_open, srv->limits.max_streams_total,
+                     (unsigned long long)srv->streams_refused);
+        if (nghttp2_submit_rst_stream(session, NGHTTP2_FLAG_NONE, frame->hd.stream_id,
+                                      NGHTTP2_REFUSED_STREAM) != 0)
+            return NGHTTP2_ERR_CALLBACK_FAILURE;
+        return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE;
+    }
     struct grpc_call *call = thaw_calloc(1, sizeof(*call));
     if (!call)
         return NGHTTP2_ERR_TEMPORAL_CALLBACK_FAILURE; /* resets just this stream */
@@ -989,9 +1006,12 @@ void grpc_server_write_metrics(const struct grpc_server *srv, struct evbuffer *o
     snprintf(name, sizeof(name), "%s_grpc_server_requests_refused_total", prefix);
     expo_family(out, name, "counter",
                 "Calls refused before their request was handled: the budget for requests in "
-                "progress was full (over_budget), or the request did not end in time (timeout).");
+                "progress was full (over_budget), the request did not end in time (timeout), "
+                "or the server held its limit of open streams (streams_full).");
     expo_labels(labels, sizeof(labels), "reason", "over_budget", (char *)NULL);
     expo_sample(out, name, labels, (double)srv->requests_over_budget);
+    expo_labels(labels, sizeof(labels), "reason", "streams_full", (char *)NULL);
+    expo_sample(out, name, labels, (double)srv->streams_refused);
     expo_labels(labels, sizeof(labels), "reason", "timeout", (char *)NULL);
     expo_sample(out, name, labels, (double)srv->request_timeouts);
     snprintf(name, sizeof(name), "%s_grpc_server_connections_rejected_total", prefix);

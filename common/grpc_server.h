@@ -51,6 +51,8 @@ struct grpc_method {
 struct grpc_server_limits {
     size_t max_message;          /* request message bound; default 4 MiB */
     uint32_t max_streams;        /* per connection (SETTINGS); default 1000 */
+    size_t max_streams_total;    /* open at once, all connections; 0: no bound; past it a
+                                    new stream is reset with REFUSED_STREAM */
     size_t max_connections;      /* default 10000; extra ones are closed at accept */
     size_t max_output_buffer;    /* per connection, before backpressure; default 1 MiB */
     size_t max_request_bytes;    /* held by requests in progress, server-wide; default 64 MiB */

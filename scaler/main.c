@@ -145,7 +145,8 @@ static const struct opt_def option_defs[] = {
      "concurrent gRPC calls on one connection (HTTP/2 SETTINGS_MAX_CONCURRENT_STREAMS); "
      "KEDA keeps one connection per scaler address and holds a StreamIsActive open on it "
      "for every external-push trigger, so past this its other calls wait; 0: --max-targets "
-     "plus 1000 (2^31 - 1 with no target limit)",
+     "plus 1000 (2^31 - 1 with no target limit). Also the bound on streams open over all "
+     "connections (each costs about 1 KiB): past it a new one is refused (REFUSED_STREAM)",
      "maxStreamsPerConnection"},
     {"http-max-connections", OPT_INT, S(http_max_connections), "4096", 1, 1000000,
      "connections the HTTP port holds open at once; one more closes the connection idle "
@@ -1004,6 +1005,9 @@ int main(int argc, char **argv)
                           : app.cfg.max_targets + 1000;
     struct grpc_server_limits limits = {
         .max_streams = (uint32_t)max_streams,
+        /* KEDA's one connection may use them all; more connections may not
+         * multiply them. */
+        .max_streams_total = (size_t)max_streams,
         .max_connections = (size_t)app.cfg.max_connections,
         .max_request_bytes = (size_t)app.cfg.max_request_bytes,
         .request_timeout_ms = (int64_t)(app.cfg.request_timeout_seconds * 1000),

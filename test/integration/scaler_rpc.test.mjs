@@ -635,6 +635,50 @@ test('streams of a connection that drops without a goodbye are released', async 
   assert.equal(scaler.proc.exitCode, null);
 });
 
+test('open streams are bounded over all connections: past the limit a new one is refused, and freed ones come back', async () => {
+  const small = await startScaler({
+    prometheusUrl: await deadUrl('http'),
+    redisUrl: await deadUrl('redis'),
+    name: 'thaw-scaler-maxstreams',
+    flags: { 'max-streams-per-connection': 20 },
+  });
+  const a = separateConnectionClient(small.address);
+  const b = separateConnectionClient(small.address);
+  const calls = [];
+  try {
+    const ref = scaledObjectRef('streams-so', { model: 'rpc-streams' });
+    for (let i = 0; i < 20; i++) {
+      const call = a.StreamIsActive(ref);
+      call.on('data', () => {});
+      call.on('error', () => {});
+      calls.push(call);
+    }
+    await waitUntil(async () => sampleValue(await small.metrics(), 'thaw_scaler_grpc_server_streams_open') === 20,
+      5000, { what: '20 streams open' });
+    // Another connection may not add to them.
+    const refused = await new Promise((resolve) => {
+      b.GetMetricSpec(ref, { deadline: Date.now() + 3000 }, (err) => resolve(err));
+    });
+    assert.ok(refused, 'a call past the limit is refused');
+    assert.equal(statusName(refused.code), 'UNAVAILABLE', `${statusName(refused.code)} ${refused.details}`);
+    const m = await small.metrics();
+    assert.ok(sampleValue(m, 'thaw_scaler_grpc_server_requests_refused_total', { reason: 'streams_full' }) >= 1);
+    await small.proc.waitForLog(/event=grpc_streams_full /, 2000);
+    for (const c of calls.splice(0, 5)) c.cancel();
+    await waitUntil(async () => sampleValue(await small.metrics(), 'thaw_scaler_grpc_server_streams_open') === 15,
+      5000, { what: '5 streams freed' });
+    const spec = await new Promise((resolve, reject) => {
+      b.GetMetricSpec(ref, { deadline: Date.now() + 3000 }, (err, r) => (err ? reject(err) : resolve(r)));
+    });
+    assert.equal(spec.metricSpecs[0].metricName, 'thaw-rpc-streams');
+  } finally {
+    for (const c of calls) c.cancel();
+    a.close();
+    b.close();
+    assert.equal(await small.stop(), 0);
+  }
+});
+
 test('--max-connections: extra connections are closed at accept, the others keep working', async () => {
   const small = await startScaler({
     prometheusUrl: await deadUrl('http'),
