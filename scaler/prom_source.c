@@ -114,7 +114,7 @@ static int parse_vector(const json_t *result, const char *label, struct prom_sam
         set_err(err, errlen, "out of memory");
         return -1;
     }
-    size_t k = 0;
+    size_t k = 0, unlabelled = 0;
     for (size_t i = 0; i < total; i++) {
         const json_t *item = json_array_get(result, i);
         if (!json_is_object(item)) {
@@ -136,8 +136,13 @@ static int parse_vector(const json_t *result, const char *label, struct prom_sam
             goto fail;
         }
         const json_t *lv = json_object_get(metric, label);
-        if (!lv)
+        if (!lv) {
+            /* {} is `or vector(0)`'s filler for "no series": not a series
+             * that lost its label. */
+            if (json_object_size(metric) > 0)
+                unlabelled++;
             continue;
+        }
         if (!json_is_string(lv)) {
             set_err(err, errlen, "data.result[%zu].metric.%s is not a string", i, label);
             goto fail;
@@ -152,13 +157,15 @@ static int parse_vector(const json_t *result, const char *label, struct prom_sam
         k++;
     }
     if (k == 0) {
+        thaw_free(samples);
+        if (unlabelled == 0)
+            return 0;
         /* Series, none of them a model's: a relabelling or a recording rule
          * renamed the label, or the query drops it. Read as "no model has a
          * series", every busy model would go to zero once the staleness
          * limit passed, with the source reported healthy. */
-        thaw_free(samples);
         set_err(err, errlen, "%zu series, none with the label %s: the query must return one "
-                "series per model, labelled %s", total, label, label);
+                "series per model, labelled %s", unlabelled, label, label);
         return -1;
     }
     *out = samples;

@@ -36,7 +36,8 @@ void prom_samples_free(struct prom_sample *samples, size_t n);
 /* Parses a /api/v1/query response body (resultType "vector"; any other type
  * fails). Series without `label` are skipped, but an answer of series none of
  * which has it fails: that is a query or relabelling that lost the model
- * label, not every model idle. An empty result succeeds with n == 0. On
+ * label, not every model idle. An empty result, or one of label-less series
+ * only (`or vector(0)`), succeeds with n == 0. On
  * success returns 0 and sets *out (caller frees with prom_samples_free; may be
  * NULL when n == 0). On failure returns -1 and writes a one-line reason into
  * err (e.g. "status error: bad_data: parse error at char 5",
