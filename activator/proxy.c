@@ -838,8 +838,13 @@ static void req_complete(struct req *r)
     if (r->early_head && (r->resp_body == HTTP1_BODY_LENGTH || r->resp_body == HTTP1_BODY_NONE))
         evbuffer_add(conn_output(r->cl->c), "0\r\n\r\n", 5);
     struct evbuffer *upout = conn_output(r->up);
-    bool reuse = r->resp_keep_alive && r->body_done && evbuffer_get_length(upout) == 0 &&
-                 evbuffer_get_length(conn_input(r->up)) == 0;
+    /* Not after an answer that has no body by rule (HEAD, 204, 304): one
+     * whose server sent a body anyway would have it read as the next
+     * request's answer on this connection, and it may arrive after this
+     * check. Such answers are rare here; a new connection is cheap. */
+    bool bodiless = r->head_method || r->resp_status == 204 || r->resp_status == 304;
+    bool reuse = r->resp_keep_alive && r->body_done && !bodiless &&
+                 evbuffer_get_length(upout) == 0 && evbuffer_get_length(conn_input(r->up)) == 0;
     up_release(r, reuse);
     req_end(r, OUT_OK, r->close_after);
 }

@@ -36,7 +36,7 @@ import path from 'node:path';
 import { before, test } from 'node:test';
 
 import {
-  complete, metricSum, startActivator, startFakeVllm, tmpDir, waitUntil,
+  complete, metricSum, request, startActivator, startFakeVllm, tmpDir, waitUntil,
 } from './activator_lib.mjs';
 import {
   accountedFor, assert, outcomeCounts, rawPost, sleep, sseData, underSanitizer, underValgrind,
@@ -490,5 +490,52 @@ test('SIGTERM with a request in a backend: the field is gone once the drain ends
   } finally {
     if (act.proc.exitCode === null) await act.stop();
     await fv.stop();
+  }
+});
+
+// A backend that (wrongly) sends a body after its answer to a HEAD, a little
+// late: the connection used to go back to the pool at once and the next
+// request's answer began with the stray bytes (502). Connections are not
+// pooled after an answer that has no body by rule (HEAD, 204, 304).
+test('stray bytes after a HEAD answer: the connection is not reused, the next request is answered', async () => {
+  // One request at a time per connection, as a server thread would: the
+  // stray body goes out before the next request's answer.
+  const server = net.createServer((sock) => {
+    let buf = Buffer.alloc(0);
+    let busy = false;
+    sock.on('error', () => {});
+    const serve = () => {
+      while (!busy) {
+        const end = buf.indexOf('\r\n\r\n');
+        if (end < 0) return;
+        const head = buf.subarray(0, end).toString('latin1');
+        const len = Number(/\r\ncontent-length:\s*(\d+)/i.exec(head)?.[1] ?? 0);
+        if (buf.length < end + 4 + len) return;
+        buf = buf.subarray(end + 4 + len);
+        if (head.startsWith('HEAD')) {
+          sock.write('HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\n');
+          busy = true;
+          setTimeout(() => { sock.write('hello'); busy = false; serve(); }, 300);
+        } else {
+          sock.write('HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 2\r\n\r\n{}');
+        }
+      }
+    };
+    sock.on('data', (d) => { buf = Buffer.concat([buf, d]); serve(); });
+  });
+  await new Promise((r) => server.listen(0, '127.0.0.1', r));
+  const act = await startActivator({ models: [modelCfg('stray', server.address().port, { maxConcurrencyPerEndpoint: 1 })] });
+  try {
+    const body = { model: 'stray', prompt: 'x' };
+    const head = request(act.port, { method: 'HEAD', path: '/v1/completions', body });
+    await sleep(50);
+    const next = await complete(act.port, 'stray', { timeoutMs: 5000 });
+    assert.equal((await head).status, 200);
+    assert.equal(next.status, 200, next.body.toString());
+    await sleep(400); // the stray bytes arrive on the HEAD's connection, now closed
+    assert.equal((await complete(act.port, 'stray')).status, 200);
+  } finally {
+    server.close();
+    await act.stop();
   }
 });
