@@ -137,9 +137,9 @@ static int parse_vector(const json_t *result, const char *label, struct prom_sam
         }
         const json_t *lv = json_object_get(metric, label);
         if (!lv) {
-            /* {} is `or vector(0)`'s filler for "no series": not a series
-             * that lost its label. */
-            if (json_object_size(metric) > 0)
+            /* {} at 0 is `or vector(0)`'s filler for "no series"; {} with
+             * tokens is a query that summed the label away. */
+            if (json_object_size(metric) > 0 || invalid || v != 0)
                 unlabelled++;
             continue;
         }

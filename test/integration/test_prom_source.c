@@ -416,10 +416,14 @@ static void test_against_prometheus(struct event_base *base, struct prom_source 
     query_sync(base, src, "label_replace(vector(1), \"model\", \"m1\", \"\", \"\")", &r, 10000);
     CHECK(r.calls == 1 && r.status != 0 && strstr(r.err, "none with the label"),
           "no label: status=%d n=%zu err=%s", r.status, r.n, r.err);
-    /* A label-less series ({}: `or vector(0)`) is no series. */
-    query_sync(base, src, "vector(1)", &r, 10000);
-    CHECK(r.calls == 1 && r.status == 0 && r.n == 0, "vector(1): status=%d n=%zu err=%s",
+    /* A label-less series at 0 ({}: `or vector(0)`) is no series; with a
+     * value, it is a query that summed the label away. */
+    query_sync(base, src, "vector(0)", &r, 10000);
+    CHECK(r.calls == 1 && r.status == 0 && r.n == 0, "vector(0): status=%d n=%zu err=%s",
           r.status, r.n, r.err);
+    query_sync(base, src, "vector(1)", &r, 10000);
+    CHECK(r.calls == 1 && r.status != 0 && strstr(r.err, "none with the label"),
+          "vector(1): status=%d n=%zu err=%s", r.status, r.n, r.err);
 
     /* Bad PromQL: HTTP 400 with Prometheus' own reason. */
     query_sync(base, src, "sum(", &r, 10000);
@@ -429,7 +433,7 @@ static void test_against_prometheus(struct event_base *base, struct prom_source 
     /* Keep-alive: all of the above went over one TCP connection. */
     struct prom_source_stats st;
     prom_source_get_stats(src, &st);
-    CHECK(st.queries == 6 && st.failures == 3 && st.connects == 1 && st.last_duration_us > 0,
+    CHECK(st.queries == 7 && st.failures == 4 && st.connects == 1 && st.last_duration_us > 0,
           "stats: queries=%llu failures=%llu connects=%llu", (unsigned long long)st.queries,
           (unsigned long long)st.failures, (unsigned long long)st.connects);
 

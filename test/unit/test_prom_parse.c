@@ -83,13 +83,17 @@ static void test_series_without_label_skipped(void **state)
     expect_fail("{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":["
                 "{\"metric\":{\"model\":\"m1\"},\"value\":[1,\"9\"]},"
                 "{\"metric\":{},\"value\":[1,\"2\"]}]}}",
-                "1 series, none with the label model_name");
-    /* Only {} (a query's `or vector(0)` when no model has series): none. */
+                "2 series, none with the label model_name");
+    /* Only {} at 0 (a query's `or vector(0)` when no model has series): none. */
     p = parse("{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":["
               "{\"metric\":{},\"value\":[1,\"0\"]}]}}");
     assert_int_equal(p.rc, 0);
     assert_int_equal(p.n, 0);
     assert_null(p.s);
+    /* {} with tokens: the label summed away (`sum(rate(...))` without `by`). */
+    expect_fail("{\"status\":\"success\",\"data\":{\"resultType\":\"vector\",\"result\":["
+                "{\"metric\":{},\"value\":[1,\"1234.5\"]}]}}",
+                "1 series, none with the label model_name");
 }
 
 /* A scalar names no model: an error, not one unlabelled sample. */
