@@ -90,6 +90,7 @@ struct grpc_server {
     uint64_t requests_over_budget;
     uint64_t request_timeouts;
     uint64_t streams_refused; /* past limits.max_streams_total */
+    nghttp2_option *h2_option; /* every connection's session options */
     int64_t over_budget_logged_ms; /* one log line per 10 s at most */
     int64_t streams_full_logged_ms;
     int shutting_down;
@@ -773,7 +774,7 @@ static void accept_cb(struct evconnlistener *listener, evutil_socket_t fd, struc
     nghttp2_session_callbacks *cbs = make_callbacks();
     struct timeval greeting = {GRPC_GREETING_TIMEOUT_SECONDS, 0};
     if (!c->bev || !c->flush_ev || !c->greet_ev || evtimer_add(c->greet_ev, &greeting) != 0 ||
-        !cbs || nghttp2_session_server_new(&c->session, cbs, c) != 0) {
+        !cbs || nghttp2_session_server_new2(&c->session, cbs, c, srv->h2_option) != 0) {
         nghttp2_session_callbacks_del(cbs);
         if (c->flush_ev)
             event_free(c->flush_ev);
@@ -860,6 +861,14 @@ struct grpc_server *grpc_server_new(struct event_base *base, const struct grpc_m
         thaw_free(srv);
         return NULL;
     }
+    /* nghttp2 keeps up to SETTINGS_MAX_CONCURRENT_STREAMS closed streams per
+     * connection for priorities, which gRPC does not use: at 21 000 streams
+     * a connection, 5.4 MiB each after its calls had ended. */
+    if (nghttp2_option_new(&srv->h2_option) != 0) {
+        grpc_server_free(srv);
+        return NULL;
+    }
+    nghttp2_option_set_no_closed_streams(srv->h2_option, 1);
     for (size_t i = 0; i <= nmethods; i++) {
         if (expo_histogram_init(&srv->stats[i].latency, expo_buckets_fast,
                                 expo_buckets_fast_len) != 0) {
@@ -883,6 +892,8 @@ void grpc_server_free(struct grpc_server *srv)
     for (size_t i = 0; srv->stats && i <= srv->nmethods; i++)
         expo_histogram_finish(&srv->stats[i].latency);
     thaw_free(srv->stats);
+    if (srv->h2_option)
+        nghttp2_option_del(srv->h2_option);
     thaw_free(srv);
 }
 
