@@ -1364,7 +1364,11 @@ static void req_hold(struct req *r)
     int64_t now = now_ms();
     size_t was = m->hq.count;
     if (r->was_held) {
-        (void)hold_client_input(r->cl); /* charged at the first hold */
+        /* Charged anew: a request that got upstream may come back with more
+         * of its client's input read (a pipelined request). Put back, it is
+         * not refused for that (bounds are for new arrivals). */
+        r->hq.bytes = HELD_FIXED_BYTES + evbuffer_get_length(r->head) +
+                      evbuffer_get_length(r->body) + hold_client_input(r->cl);
         holdq_push_front(&m->hq, &r->hq);
         if (r->heartbeat) {
             struct timeval tv;
