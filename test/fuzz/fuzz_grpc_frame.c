@@ -11,6 +11,7 @@
 #include "alloc.h"
 #include "fuzz.h"
 #include "grpc_frame.h"
+#include "utf8.h"
 
 #define MAX_MESSAGES 256
 
@@ -31,18 +32,54 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     return 0;
 }
 
-/* Percent-decodes s and checks it is a prefix of orig (truncation is allowed,
- * garbling is not) and that only printable ASCII other than '%' stays bare. */
+/* orig as the encoder must render it: each byte that starts no UTF-8
+ * sequence as U+FFFD. ends[] marks where each rendered character ends. */
+static size_t expected_text(const char *orig, unsigned char *exp, unsigned char *ends)
+{
+    static const unsigned char replacement[] = {0xef, 0xbf, 0xbd};
+    const unsigned char *p = (const unsigned char *)orig;
+    size_t left = strlen(orig), e = 0;
+    while (left > 0) {
+        size_t n = *p < 0x80 ? 1 : utf8_seq_len(p, left);
+        const unsigned char *src = n ? p : replacement;
+        size_t emit = n ? n : sizeof(replacement);
+        for (size_t k = 0; k < emit; k++) {
+            ends[e] = k + 1 == emit;
+            exp[e++] = src[k];
+        }
+        p += n ? n : 1;
+        left -= n ? n : 1;
+    }
+    return e;
+}
+
+/* Percent-decodes the output and checks it is a prefix of orig as rendered
+ * (expected_text), cut at a character's end (truncation is allowed,
+ * garbling or a split character is not), and that only printable ASCII
+ * other than '%' stays bare. */
 static void check_percent(const char *orig, size_t outlen)
 {
-    char *out = malloc(outlen ? outlen : 1);
-    if (!out)
+    size_t olen0 = strlen(orig);
+    unsigned char *exp = malloc(3 * olen0 + 1), *ends = malloc(3 * olen0 + 1);
+    if (!exp || !ends) {
+        free(exp);
+        free(ends);
         return;
+    }
+    size_t elen = expected_text(orig, exp, ends);
+    char *out = malloc(outlen ? outlen : 1);
+    if (!out) {
+        free(exp);
+        free(ends);
+        return;
+    }
     memset(out, 'X', outlen ? outlen : 1);
     grpc_percent_encode(out, outlen, orig);
     if (outlen == 0) {
         FUZZ_CHECK(out[0] == 'X', "wrote into a zero-length buffer");
         free(out);
+        free(exp);
+        free(ends);
         return;
     }
     size_t olen = strnlen(out, outlen);
@@ -68,10 +105,14 @@ static void check_percent(const char *orig, size_t outlen)
             want = c;
             o++;
         }
-        FUZZ_CHECK((unsigned char)orig[i] == want, "output differs from input at %zu", i);
+        FUZZ_CHECK(i < elen && exp[i] == want, "output differs from the rendered input at %zu",
+                   i);
         i++;
     }
+    FUZZ_CHECK(i == 0 || ends[i - 1], "output ends inside a character at %zu", i);
     free(out);
+    free(exp);
+    free(ends);
 }
 
 static int count_reserved(void *ud, size_t bytes)
