@@ -295,7 +295,7 @@ static void client_next(struct client *cl);
 static void client_process(struct client *cl);
 static void req_forward(struct req *r);
 static void req_hold(struct req *r);
-static void read_client_again(struct req *r);
+static void client_read_ahead(struct client *cl);
 static void model_dispatch(struct req *r, enum model_event ev);
 static void model_apply(struct model_rt *m, unsigned act);
 static void release_held(struct model_rt *m);
@@ -918,7 +918,7 @@ static void up_event_cb(struct conn *c, int what, int err, void *arg)
     if (what & CONN_CONNECTED) {
         conn_set_timeout(c, 0);
         r->state = RS_UPSTREAM;
-        read_client_again(r);
+        client_read_ahead(r->cl); /* the body streams on */
         commit_sent(r);
         pump_to_upstream(r);
         return;
@@ -1234,7 +1234,7 @@ static void req_forward(struct req *r)
         r->up = c;
         r->up_reused = true;
         r->state = RS_UPSTREAM;
-        read_client_again(r);
+        client_read_ahead(r->cl); /* the body streams on */
         send_request(r);
         commit_sent(r);
         up_setup(r);
@@ -1349,13 +1349,22 @@ static size_t hold_client_input(struct client *cl)
     return in;
 }
 
-/* The request is on its way upstream: its client is read ahead again (the
- * body streams on). Not before: a request that goes back to the hold queue
+/* Reads ahead as far as client_read_high again: at accept, for the next
+ * request, for a lingering close, and for a held request once it is on its
+ * way upstream. Not before that: a request that goes back to the hold queue
  * (a connect that fails or times out, a full endpoint) would come back with
  * what was read meanwhile uncharged. */
-static void read_client_again(struct req *r)
+static void client_read_ahead(struct client *cl)
 {
-    conn_set_read_high(r->cl->c, client_read_high(r->cl->px));
+    conn_set_read_high(cl->c, client_read_high(cl->px));
+}
+
+/* What a held request is charged (HELD_FIXED_BYTES, its head and body, and
+ * its client's input, which stops growing: hold_client_input). */
+static size_t held_charge(struct req *r)
+{
+    return HELD_FIXED_BYTES + evbuffer_get_length(r->head) + evbuffer_get_length(r->body) +
+           hold_client_input(r->cl);
 }
 
 static void req_hold(struct req *r)
@@ -1367,8 +1376,7 @@ static void req_hold(struct req *r)
         /* Charged anew: a request that got upstream may come back with more
          * of its client's input read (a pipelined request). Put back, it is
          * not refused for that (bounds are for new arrivals). */
-        r->hq.bytes = HELD_FIXED_BYTES + evbuffer_get_length(r->head) +
-                      evbuffer_get_length(r->body) + hold_client_input(r->cl);
+        r->hq.bytes = held_charge(r);
         holdq_push_front(&m->hq, &r->hq);
         if (r->heartbeat) {
             struct timeval tv;
@@ -1378,8 +1386,7 @@ static void req_hold(struct req *r)
     } else {
         compact_buffer(&r->head);
         compact_buffer(&r->body);
-        size_t bytes = HELD_FIXED_BYTES + evbuffer_get_length(r->head) +
-                       evbuffer_get_length(r->body) + hold_client_input(r->cl);
+        size_t bytes = held_charge(r);
         while (!holdq_fits(&m->hq, bytes)) {
             struct holdq_node *v = holdq_victim(&m->hq, r->tier, bytes);
             if (!v)
@@ -2048,21 +2055,19 @@ static void fail_head(struct client *cl, int status, const char *code, const cha
  * Returns 0, or -1 on a buffer failure (the connection was closed). */
 static int discard_empty_lines(struct client *cl, struct evbuffer *in)
 {
-    size_t n = 0, len = evbuffer_get_length(in);
-    unsigned char c;
-    struct evbuffer_ptr pos;
+    size_t len = evbuffer_get_length(in), n = 0;
     if (len == 0 || cl->idle_crlf >= IDLE_EMPTY_LINE_BYTES)
         return 0;
-    if (evbuffer_ptr_set(in, &pos, 0, EVBUFFER_PTR_SET) < 0) {
+    size_t max = IDLE_EMPTY_LINE_BYTES - cl->idle_crlf;
+    if (max > len)
+        max = len;
+    const unsigned char *p = evbuffer_pullup(in, (ev_ssize_t)max);
+    if (!p) {
         client_close(cl, false);
         return -1;
     }
-    while (n < len && cl->idle_crlf + n < IDLE_EMPTY_LINE_BYTES &&
-           evbuffer_copyout_from(in, &pos, &c, 1) == 1 && (c == '\r' || c == '\n')) {
+    while (n < max && (p[n] == '\r' || p[n] == '\n'))
         n++;
-        if (evbuffer_ptr_set(in, &pos, 1, EVBUFFER_PTR_ADD) < 0)
-            break;
-    }
     cl->idle_crlf += n;
     if (n > 0 && evbuffer_drain(in, n) < 0) {
         client_close(cl, false);
@@ -2291,7 +2296,7 @@ static void client_close(struct client *cl, bool linger)
     cl->linger_until_ms = now_ms() + lim->lingering_time_ms;
     cl->linger_last = true;
     arm_timer(cl, lim->lingering_time_ms);
-    conn_set_read_high(cl->c, client_read_high(px)); /* a hold may have lowered it */
+    client_read_ahead(cl); /* a hold may have lowered it */
     conn_enable_read(cl->c);
     linger_discard(cl);
     if (cl->linger && evbuffer_get_length(conn_output(cl->c)) == 0)
@@ -2326,7 +2331,7 @@ static void client_send_timeout(struct client *cl)
 static void client_next(struct client *cl)
 {
     struct proxy *px = cl->px;
-    conn_set_read_high(cl->c, client_read_high(px)); /* a hold may have lowered it */
+    client_read_ahead(cl); /* a hold may have lowered it */
     http1_scan_init(&cl->scan);
     cl->idle_crlf = 0;
     arm_timer(cl, px->cfg->limits.idle_timeout_ms);
@@ -2533,7 +2538,7 @@ static void accept_cb(struct evconnlistener *lst, evutil_socket_t fd, struct soc
     px->connections++;
     const struct limits_config *lim = &px->cfg->limits;
     conn_setcb(cl->c, client_read_cb, client_write_cb, client_event_cb, cl);
-    conn_set_read_high(cl->c, client_read_high(px));
+    client_read_ahead(cl);
     conn_set_write_low(cl->c, (size_t)lim->buffer_bytes / 2);
     conn_set_send_timeout(cl->c, lim->send_timeout_ms);
     conn_enable_read(cl->c);

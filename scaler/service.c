@@ -278,14 +278,22 @@ static bool pb_strings_without_nul(const uint8_t *msg, size_t len,
     return true;
 }
 
+/* Finishes the call with INVALID_ARGUMENT and returns true if a string in
+ * msg (a desc) holds a NUL byte. */
+static bool refuse_nul_strings(struct grpc_call *call, const uint8_t *msg, size_t len,
+                               const ProtobufCMessageDescriptor *desc)
+{
+    if (pb_strings_without_nul(msg, len, desc, 0))
+        return false;
+    grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "a string in the request holds a NUL byte");
+    return true;
+}
+
 static Externalscaler__ScaledObjectRef *unpack_ref(struct grpc_call *call, const uint8_t *msg,
                                                    size_t len)
 {
-    if (!pb_strings_without_nul(msg, len, &externalscaler__scaled_object_ref__descriptor, 0)) {
-        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
-                         "a string in the request holds a NUL byte");
+    if (refuse_nul_strings(call, msg, len, &externalscaler__scaled_object_ref__descriptor))
         return NULL;
-    }
     Externalscaler__ScaledObjectRef *ref =
         externalscaler__scaled_object_ref__unpack(&pb_allocator, len, msg);
     if (!ref)
@@ -634,11 +642,8 @@ static void handle_get_metric_spec(void *ud, struct grpc_call *call, const uint8
 static void handle_get_metrics(void *ud, struct grpc_call *call, const uint8_t *msg, size_t len)
 {
     struct scaler_service *svc = ud;
-    if (!pb_strings_without_nul(msg, len, &externalscaler__get_metrics_request__descriptor, 0)) {
-        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
-                         "a string in the request holds a NUL byte");
+    if (refuse_nul_strings(call, msg, len, &externalscaler__get_metrics_request__descriptor))
         return;
-    }
     Externalscaler__GetMetricsRequest *req =
         externalscaler__get_metrics_request__unpack(&pb_allocator, len, msg);
     if (!req) {

@@ -782,9 +782,12 @@ void scaler_state_prom_ok(struct scaler_state *st, const struct prom_sample *sam
         }
         /* Absent with nothing to keep, or absent for too long from a model
          * no target keeps active: no series means no pods, so no tokens. */
-        if (m->absent_since_ms != 0 && now_ms - m->absent_since_ms > st->cfg.staleness_limit_ms &&
-            m->token_rate != 0 && model_active(m)) {
-            if (!m->absent_logged) {
+        if (m->absent_since_ms != 0) {
+            bool past_limit = now_ms - m->absent_since_ms > st->cfg.staleness_limit_ms;
+            if (m->token_rate == 0 || (past_limit && !model_active(m))) {
+                m->token_rate = 0;
+                m->absent_since_ms = 0;
+            } else if (past_limit && !m->absent_logged) {
                 char q[300];
                 LOG_WARN("token_rate_absent",
                          "model=%s absent_ms=%lld token_rate=%.3f reason=\"no series while busy: "
@@ -793,11 +796,6 @@ void scaler_state_prom_ok(struct scaler_state *st, const struct prom_sample *sam
                          (long long)(now_ms - m->absent_since_ms), m->token_rate);
                 m->absent_logged = true;
             }
-        } else if (m->absent_since_ms != 0 &&
-                   (m->token_rate == 0 ||
-                    now_ms - m->absent_since_ms > st->cfg.staleness_limit_ms)) {
-            m->token_rate = 0;
-            m->absent_since_ms = 0;
         }
         if (m->absent_since_ms == 0 && m->absent_logged) {
             char q[300];

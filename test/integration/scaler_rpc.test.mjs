@@ -547,10 +547,7 @@ test('1 100 StreamIsActive streams on one connection (KEDA: one per push trigger
     await waitUntil(async () => (await streamsOpen()) === 1100, 20000, { what: '1 100 streams open' });
     // With a per-connection limit below the streams, the client queues this
     // call behind them until its deadline.
-    const spec = await new Promise((resolve, reject) => {
-      client.GetMetricSpec(ref, { deadline: Date.now() + 3000 },
-        (err, r) => (err ? reject(new Error(`${statusName(err.code)} ${err.details}`)) : resolve(r)));
-    });
+    const spec = await unary(client, 'GetMetricSpec', ref, 3000);
     assert.equal(spec.metricSpecs[0].metricName, 'thaw-rpc-pushers');
   } finally {
     for (const c of calls) c.cancel();
@@ -656,9 +653,7 @@ test('open streams are bounded over all connections: past the limit a new one is
     await waitUntil(async () => sampleValue(await small.metrics(), 'thaw_scaler_grpc_server_streams_open') === 20,
       5000, { what: '20 streams open' });
     // Another connection may not add to them.
-    const refused = await new Promise((resolve) => {
-      b.GetMetricSpec(ref, { deadline: Date.now() + 3000 }, (err) => resolve(err));
-    });
+    const refused = await unary(b, 'GetMetricSpec', ref, 3000).then(() => null, (err) => err);
     assert.ok(refused, 'a call past the limit is refused');
     assert.equal(statusName(refused.code), 'UNAVAILABLE', `${statusName(refused.code)} ${refused.details}`);
     const m = await small.metrics();
@@ -667,9 +662,7 @@ test('open streams are bounded over all connections: past the limit a new one is
     for (const c of calls.splice(0, 5)) c.cancel();
     await waitUntil(async () => sampleValue(await small.metrics(), 'thaw_scaler_grpc_server_streams_open') === 15,
       5000, { what: '5 streams freed' });
-    const spec = await new Promise((resolve, reject) => {
-      b.GetMetricSpec(ref, { deadline: Date.now() + 3000 }, (err, r) => (err ? reject(err) : resolve(r)));
-    });
+    const spec = await unary(b, 'GetMetricSpec', ref, 3000);
     assert.equal(spec.metricSpecs[0].metricName, 'thaw-rpc-streams');
   } finally {
     for (const c of calls) c.cancel();
