@@ -34,6 +34,8 @@
 
 #define TICK_MS 100
 #define REDIS_REFRESH_MS 1000
+/* How often a writer of a thaw:held key sweeps crashed activators' fields from it. */
+#define HELD_SWEEP_EVERY_MS 60000
 /* A peer that has not renewed for this long is no longer counted; ours is
  * renewed every REDIS_REFRESH_MS, so a few lost heartbeats do not count a
  * live activator out. Also how long our last count is trusted without a new
@@ -179,6 +181,7 @@ struct model_rt {
     uint64_t wakes;        /* wake actions, sent or not */
     bool wake_pending;
     bool held_published; /* our thaw:held field is set (held, queued or in flight), no HDEL since */
+    int64_t held_swept_ms; /* last redis_link_held_sweep of its key (monotonic), 0: never */
     bool removed;
     struct expo_histogram hold_hist;
     struct expo_histogram ttfb_hist;
@@ -1789,6 +1792,11 @@ static void publish_held_at(struct model_rt *m, bool refresh)
                         clock_unix_ms()) != 0)
         return;
     bool set = held > 0 || queued > 0 || inflight > 0;
+    /* Crashed activators' fields go while live ones write the key. */
+    int64_t mono = clock_mono_ms();
+    if (set && (lead->held_swept_ms == 0 || mono - lead->held_swept_ms >= HELD_SWEEP_EVERY_MS) &&
+        redis_link_held_sweep(px->redis, m->name, clock_unix_ms()) == 0)
+        lead->held_swept_ms = mono;
     for (struct model_rt *o = px->removed; o; o = o->next_removed)
         if (strcmp(o->name, m->name) == 0)
             o->held_published = false;

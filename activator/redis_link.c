@@ -19,6 +19,8 @@
 /* A command unanswered this long: Redis is not answering (redis_link_answering). */
 #define ANSWER_LATE_MS 1000
 #define WATCH_MS 100
+/* The scaler ignores a thaw:held field this old (its rs_held_script). */
+#define HELD_FIELD_MAX_AGE_MS 600000
 
 struct redis_link {
     struct event_base *base;
@@ -415,6 +417,42 @@ int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t
         snprintf(val, sizeof(val), "%zu:%lld", held, (long long)unix_ms);
     const char *argv[] = {"HSET", key, l->instance_id, val};
     return send_cmd(l, 4, argv);
+}
+
+/* The stamp is the value's second part, as the scaler parses it; values
+ * it cannot read are left alone (another version's). Both clocks must call a
+ * field old: a Redis whose clock is 10 minutes off would otherwise delete
+ * every live field at each sweep, and a busy model's counts with them. */
+static const char held_sweep_script[] =
+    "if redis.replicate_commands then redis.replicate_commands() end "
+    "if redis.call('TYPE', KEYS[1])['ok'] ~= 'hash' then return 0 end "
+    "local t = redis.call('TIME') "
+    "local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) "
+    "local age = tonumber(ARGV[1]) "
+    "local mine = tonumber(ARGV[2]) "
+    "if mine < now then now = mine end "
+    "local kv = redis.call('HGETALL', KEYS[1]) "
+    "local gone = 0 "
+    "for j = 1, #kv, 2 do "
+    "  local ts = #kv[j + 1] <= 256 and string.match(kv[j + 1], '^%d+:(%d+)') "
+    "  if ts and #ts <= 15 and tonumber(ts) < now - age then "
+    "    redis.call('HDEL', KEYS[1], kv[j]) "
+    "    gone = gone + 1 "
+    "  end "
+    "end "
+    "redis.call('PEXPIRE', KEYS[1], age) "
+    "return gone";
+
+int redis_link_held_sweep(struct redis_link *l, const char *model, int64_t unix_ms)
+{
+    char key[512], age[24], mine[24];
+    int n = snprintf(key, sizeof(key), "thaw:held:%s", model);
+    if (n < 0 || (size_t)n >= sizeof(key))
+        return -1;
+    snprintf(age, sizeof(age), "%d", HELD_FIELD_MAX_AGE_MS);
+    snprintf(mine, sizeof(mine), "%lld", (long long)unix_ms);
+    const char *argv[] = {"EVAL", held_sweep_script, "1", key, age, mine};
+    return send_cmd(l, 6, argv);
 }
 
 void redis_link_set_peers_cb(struct redis_link *l, redis_link_peers_cb cb, void *ud)

@@ -6,6 +6,11 @@
  *                                                      every second while the hold queue is
  *                                                      not empty
  *   HDEL thaw:held:<model> <instance-id>               when the hold queue is empty
+ *   EVAL <script> 1 thaw:held:<model> <max-age-ms> <unix-ms>
+ *                                                      about once a minute while writing
+ *                                                      that key: HDEL fields older than
+ *                                                      max-age (crashed activators'),
+ *                                                      PEXPIRE the key max-age
  *   EVAL <script> 2 thaw:activators:<group> thaw:activators:<group>:w
  *        <instance-id> <ttl-ms> <weight>               every second: ZADD this instance
  *                                                      at Redis's TIME, drop members
@@ -80,6 +85,16 @@ int redis_link_wake(struct redis_link *l, const char *model);
  * sent, -1 if the link is down. */
 int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t queued,
                     size_t inflight, int64_t late_after_ms, int64_t unix_ms);
+
+/* Garbage collection of thaw:held:<model>, asked for about once a minute per
+ * model while this instance writes its field there: a crashed activator never
+ * deletes its field (the scaler ignores it once it is 10 minutes old). Deletes
+ * the fields stamped more than 10 minutes before both Redis's clock and
+ * unix_ms (only a field whose writer disagrees with both: one wrong clock does
+ * not delete live fields), and sets the key to expire 10 minutes on, so a
+ * hash that no live activator writes any more goes too (each writer's sweep
+ * pushes that back). Returns 0 if sent, -1 if the link is down. */
+int redis_link_held_sweep(struct redis_link *l, const char *model, int64_t unix_ms);
 
 /* Called with the live activators counted by a heartbeat, in thousandths
  * of a peer (each weighted; >= 0). */

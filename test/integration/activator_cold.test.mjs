@@ -678,3 +678,43 @@ test('long prompts held: maxHeldBytes charges what they take (the rest of each b
     await act.stop();
   }
 });
+
+test('a crashed activator\'s thaw:held field is swept by a live writer of the key; live and unreadable fields stay; the key expires', async () => {
+  const port = await freePort();
+  const key = 'thaw:held:sweep1';
+  const now = Date.now();
+  // What a crashed activator left 11 minutes ago (the scaler ignores it
+  // already), another activator's fresh field, one stamped 11 minutes ahead
+  // (a clock that runs ahead: left alone), and a value another version might
+  // write.
+  await redis.cli('HSET', key, 'act-crashed', `7:${now - 11 * 60000}`, 'act-other', `2:${now}`,
+    'act-ahead', `1:${now + 11 * 60000}`, 'act-odd', 'not-a-count');
+  assert.equal(await redis.cli('PTTL', key), '-1');
+  const act = await startActivator({ models: [modelCfg('sweep1', port)] }, { redisUrl: redis.url });
+  try {
+    const pending = complete(act.port, 'sweep1').catch((e) => e);
+    // The activator's first write of the key sweeps it.
+    await waitUntil(async () => (await redis.cli('HEXISTS', key, 'act-crashed')) === '0', 5000,
+      { what: 'the crashed activator\'s field deleted' });
+    assert.ok(await redis.cli('HGET', key, 'act-test'), 'our own field written');
+    assert.equal(await redis.cli('HGET', key, 'act-other'), `2:${now}`);
+    assert.equal(await redis.cli('HGET', key, 'act-ahead'), `1:${now + 11 * 60000}`);
+    assert.equal(await redis.cli('HGET', key, 'act-odd'), 'not-a-count');
+    const ttl = Number(await redis.cli('PTTL', key));
+    assert.ok(ttl > 590000 && ttl <= 600000, `the key expires 10 minutes on: PTTL ${ttl}`);
+    // Once a minute, not at every refresh: a field stale again is still there
+    // a few refreshes later.
+    await redis.cli('HSET', key, 'act-crashed2', `3:${now - 11 * 60000}`);
+    await sleep(2500);
+    assert.equal(await redis.cli('HGET', key, 'act-crashed2'), `3:${now - 11 * 60000}`);
+    const fv = await startFakeVllm({ model: 'sweep1', port });
+    try {
+      assert.equal((await pending).status, 200);
+    } finally {
+      await fv.stop();
+    }
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+  }
+});
