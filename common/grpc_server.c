@@ -167,7 +167,10 @@ static void record_done(struct grpc_call *call)
                            (double)(clock_mono_us() - call->start_us) / 1e6);
 }
 
-/* Submits the response headers, with the data provider when messages follow. */
+/* Submits the response headers, with the data provider when messages follow.
+ * Every response says the request encodings the server takes (identity only):
+ * a client that compressed gets UNIMPLEMENTED with the list, as the gRPC
+ * compression spec asks, and may retry uncompressed. */
 static int submit_headers(struct grpc_call *call, int trailers_only)
 {
     char status[16];
@@ -179,20 +182,22 @@ static int submit_headers(struct grpc_call *call, int trailers_only)
         nghttp2_nv nva[] = {
             MAKE_NV(":status", "200", 3),
             MAKE_NV("content-type", "application/grpc", 16),
+            MAKE_NV("grpc-accept-encoding", "identity", 8),
             MAKE_NV("grpc-status", status, strlen(status)),
             MAKE_NV("grpc-message", msg, strlen(msg)),
         };
         return nghttp2_submit_response(call->conn->session, call->stream_id, nva,
-                                       msg[0] ? 4 : 3, NULL);
+                                       msg[0] ? 5 : 4, NULL);
     }
     nghttp2_nv nva[] = {
         MAKE_NV(":status", "200", 3),
         MAKE_NV("content-type", "application/grpc", 16),
+        MAKE_NV("grpc-accept-encoding", "identity", 8),
     };
     nghttp2_data_provider prd;
     prd.source.ptr = call;
     prd.read_callback = data_read_cb;
-    return nghttp2_submit_response(call->conn->session, call->stream_id, nva, 2, &prd);
+    return nghttp2_submit_response(call->conn->session, call->stream_id, nva, 3, &prd);
 }
 
 static void call_fail(struct grpc_call *call, int status, const char *message)

@@ -380,6 +380,13 @@ test('wrong content-type: HTTP 415; GET: 405; the connection keeps serving', asy
     const none = await h2Request(session, { ...base, 'content-type': 'application/grpc' });
     assert.equal(none.headers['grpc-status'] ?? none.trailers?.['grpc-status'],
       String(grpcStatus.INTERNAL), 'no request message');
+    // A compressed message: UNIMPLEMENTED, saying what the server takes
+    // (gRPC's compression spec), so a client can retry uncompressed.
+    const gz = await h2Request(session, { ...base, 'content-type': 'application/grpc', 'grpc-encoding': 'gzip' },
+      Buffer.from([1, 0, 0, 0, 2, 0x1f, 0x8b]));
+    assert.equal(gz.headers['grpc-status'] ?? gz.trailers?.['grpc-status'],
+      String(grpcStatus.UNIMPLEMENTED), 'compressed request');
+    assert.equal(gz.headers['grpc-accept-encoding'], 'identity', `headers ${JSON.stringify(gz.headers)}`);
   } finally {
     session.close();
   }
