@@ -68,16 +68,29 @@ static const struct policy_key policy_keys[] = {
 #undef PK
 #define POLICY_KEYS (sizeof(policy_keys) / sizeof(policy_keys[0]))
 
-static int parse_bounded(const char *key, const char *value, double lo, double hi, bool lo_open,
-                         double *out, char *err, size_t errlen)
+/* A finite decimal number, surrounding spaces allowed. strtod alone would
+ * also take hex ("0x10" as 16), which YAML readers of the ScaledObject
+ * would not read as that number. */
+static bool parse_decimal(const char *value, double *out)
 {
+    if (strpbrk(value, "xX"))
+        return false;
     char *end = NULL;
     errno = 0;
     double v = strtod(value, &end);
     while (end && isspace((unsigned char)*end))
         end++;
-    if (errno || end == value || !end || *end != '\0' || !isfinite(v) || v < lo || v > hi ||
-        (lo_open && v == lo)) {
+    if (errno || end == value || !end || *end != '\0' || !isfinite(v))
+        return false;
+    *out = v;
+    return true;
+}
+
+static int parse_bounded(const char *key, const char *value, double lo, double hi, bool lo_open,
+                         double *out, char *err, size_t errlen)
+{
+    double v = 0;
+    if (!parse_decimal(value, &v) || v < lo || v > hi || (lo_open && v == lo)) {
         snprintf(err, errlen, "metadata key '%s': expected a number in %c%g, %g], got '%.64s'",
                  key, lo_open ? '(' : '[', lo, hi, value);
         return -1;
@@ -128,13 +141,8 @@ void metadata_policy_params(const struct scaler_spec *spec, int64_t default_scal
 static int parse_number(const struct number_key *k, const char *value, double *out, char *err,
                         size_t errlen)
 {
-    char *end = NULL;
-    errno = 0;
-    double v = strtod(value, &end);
-    while (end && isspace((unsigned char)*end))
-        end++;
-    if (errno || end == value || !end || *end != '\0' || !isfinite(v) || v < 0 ||
-        (!k->allow_zero && v == 0)) {
+    double v = 0;
+    if (!parse_decimal(value, &v) || v < 0 || (!k->allow_zero && v == 0)) {
         snprintf(err, errlen, "metadata key '%s': expected a number %s, got '%.64s'", k->key,
                  k->allow_zero ? ">= 0" : "> 0", value);
         return -1;
@@ -173,6 +181,13 @@ int metadata_parse(const char *const *keys, const char *const *values, size_t n,
         }
         if (!utf8_valid(value, strlen(value))) {
             snprintf(err, errlen, "metadata key '%.64s': value is not valid UTF-8", key);
+            return -1;
+        }
+        /* An unknown key is remembered to be logged once: its length must
+         * be bounded like a value's, or a few calls pin gigabytes. */
+        if (strlen(key) > METADATA_MAX_KEY) {
+            snprintf(err, errlen, "metadata key '%.64s...': longer than %d bytes", key,
+                     METADATA_MAX_KEY);
             return -1;
         }
         if (strlen(value) > METADATA_MAX_VALUE) {

@@ -23,6 +23,7 @@
 #include "policy.h"
 
 #define METADATA_MAX_VALUE 1024 /* bytes per value; longer is INVALID_ARGUMENT */
+#define METADATA_MAX_KEY 256    /* bytes per key; longer is INVALID_ARGUMENT */
 
 struct scaler_spec {
     char *model;

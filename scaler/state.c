@@ -567,6 +567,10 @@ struct target *scaler_state_upsert(struct scaler_state *st, const char *ns, cons
         t->queue->users--;
         t->queue = q;
         q->users++;
+        /* The keep-warm time is computed from the knobs at an idle moment:
+         * the new ones (policy v1, keepWarmCost 0) apply now, not after the
+         * next burst. */
+        t->pstate.keep_warm_ms = -1;
         decide(st, t, now_ms);
         return t;
     }

@@ -104,6 +104,24 @@ static void test_errors_name_the_key(void **unused)
     big[sizeof(big) - 1] = '\0';
     assert_int_equal(PARSE(&s, err, "model", big), -1);
     assert_non_null(strstr(err, "longer than"));
+    /* A key as long, unknown or not, is refused before it is remembered
+     * (unknown keys are kept to be logged once). */
+    char bigkey[METADATA_MAX_KEY + 2];
+    memset(bigkey, 'k', sizeof(bigkey) - 1);
+    bigkey[sizeof(bigkey) - 1] = '\0';
+    unknown_calls = 0;
+    assert_int_equal(PARSE(&s, err, "model", "m", bigkey, "v"), -1);
+    assert_non_null(strstr(err, "longer than 256 bytes"));
+    assert_int_equal(unknown_calls, 0);
+    bigkey[METADATA_MAX_KEY] = '\0'; /* at the limit: an unknown key, ignored */
+    assert_int_equal(PARSE(&s, err, "model", "m", bigkey, "v"), 0);
+    assert_int_equal(unknown_calls, 1);
+    metadata_spec_finish(&s);
+    /* Hex is not a number here (strtod would read 0x10 as 16). */
+    assert_int_equal(PARSE(&s, err, "model", "m", "targetTokensPerSecond", "0x10"), -1);
+    assert_non_null(strstr(err, "'targetTokensPerSecond'"));
+    assert_int_equal(PARSE(&s, err, "model", "m", "scaleDownWindowSeconds", "0X1p4"), -1);
+    assert_non_null(strstr(err, "'scaleDownWindowSeconds'"));
     /* zero activation is allowed, and trailing spaces are tolerated */
     assert_int_equal(PARSE(&s, err, "model", "m", "activationTokenRate", "0",
                            "targetQueueLength", "3 "), 0);

@@ -934,6 +934,51 @@ static void test_policy_v2_reaches_the_decision(void **unused)
     scaler_state_free(st);
 }
 
+/* A ScaledObject edited while its model is kept warm: the new knobs decide
+ * the keep-warm time at once (it is otherwise computed at an idle moment). */
+static void test_spec_change_recomputes_keep_warm(void **unused)
+{
+    struct scaler_state *st = scaler_state_new(&cfg, 0, on_change, NULL);
+    struct scaler_spec a, off, v1;
+    char err[128];
+    const char *k[] = {"model", "coldStartSeconds", "keepWarmCost", "wakeRequestCost", "policy"};
+    const char *va[] = {"m1", "60", "1", "0", "v2"};
+    const char *voff[] = {"m1", "60", "0", "0", "v2"};
+    const char *vv1[] = {"m1", "60", "1", "0", "v1"};
+    assert_int_equal(metadata_parse(k, va, 5, &a, NULL, NULL, err, sizeof(err)), 0);
+    assert_int_equal(metadata_parse(k, voff, 5, &off, NULL, NULL, err, sizeof(err)), 0);
+    assert_int_equal(metadata_parse(k, vv1, 5, &v1, NULL, NULL, err, sizeof(err)), 0);
+    for (int round = 0; round < 2; round++) {
+        struct target *t = scaler_state_upsert(st, "ns", round ? "so-v1" : "so", &a, 0);
+        assert_non_null(t);
+        queues_empty(st, 1);
+        const char *const *models;
+        assert_int_equal(scaler_state_held_batch(st, &models), 1);
+        long long held = 0;
+        scaler_state_held_ok(st, &held, NULL, NULL, NULL, NULL, 1, 1);
+        struct prom_sample busy[] = {{"m1", 3000, false}};
+        scaler_state_prom_ok(st, busy, 1, 100);
+        struct prom_sample zero[] = {{"m1", 0, false}};
+        scaler_state_prom_ok(st, zero, 1, 1000);
+        scaler_state_tick(st, 5000);
+        /* keepWarmCost 1 with a 60 s cold start: idle, kept warm for 60 s */
+        assert_true(target_decision(t)->active);
+        assert_int_equal(target_decision(t)->raw, 0);
+        /* keepWarmCost 0 (or policy v1: nothing kept warm): to zero at once */
+        assert_ptr_equal(scaler_state_upsert(st, "ns", round ? "so-v1" : "so", round ? &v1 : &off,
+                                             6000),
+                         t);
+        scaler_state_tick(st, 7000);
+        assert_false(target_decision(t)->active);
+        assert_int_equal(target_decision(t)->desired, 0);
+        scaler_state_gc(st, 1000000);
+    }
+    metadata_spec_finish(&a);
+    metadata_spec_finish(&off);
+    metadata_spec_finish(&v1);
+    scaler_state_free(st);
+}
+
 /* One round trip of the activators' held/queued counts for model m1, then
  * the tick. */
 static void held_round(struct scaler_state *st, long long held, long long queued, int64_t now)
@@ -1171,6 +1216,7 @@ int main(void)
         cmocka_unit_test(test_pages_outlive_changes_between_steps),
         cmocka_unit_test(test_pages_out_of_memory),
         cmocka_unit_test(test_policy_v2_reaches_the_decision),
+        cmocka_unit_test(test_spec_change_recomputes_keep_warm),
         cmocka_unit_test(test_v2_exports_what_it_learned),
         cmocka_unit_test(test_restore_holds_floors),
         cmocka_unit_test(test_restore_bounds_and_failure),
