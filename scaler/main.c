@@ -3,9 +3,11 @@
  * Wiring only: options, the event loop, the gRPC server, the admin HTTP
  * server, the Prometheus and Redis sources on timers, and signals. The logic
  * lives in state, policy, service and the sources. */
+#include <ctype.h>
 #include <errno.h>
 #include <malloc.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -197,7 +199,7 @@ struct app {
     char restore_promql[2048];
     bool restore_in_flight;
     struct redis_source *redis;
-    struct event *prom_timer, *redis_timer, *tick_timer, *sigterm, *sigint, *shutdown_timer;
+    struct event *prom_timer, *redis_timer, *tick_timer, *sigterm, *sigint, *sighup, *shutdown_timer;
     struct event *tls_timer;
     struct event *read_now; /* one-shot: read the sources for a new target */
     bool queue_in_flight, held_in_flight, stopping;
@@ -258,8 +260,8 @@ static void restore_read(struct app *app)
 static int restore_setup(struct app *app, char *err, size_t errlen)
 {
     int64_t window_ms = (int64_t)(app->cfg.restore_window_seconds * 1000);
-    if (window_ms <= 0)
-        return 0;
+    if (app->cfg.restore_window_seconds <= 0)
+        return 0; /* (0.0001 would be 0 ms: refused below, not taken as off) */
     if (restore_query(app->restore_promql, sizeof(app->restore_promql), app->cfg.restore_series,
                       window_ms) != 0) {
         snprintf(err, errlen,
@@ -768,6 +770,50 @@ static void shutdown_timeout_cb(evutil_socket_t fd, short what, void *arg)
 
 static void shutdown_check_cb(evutil_socket_t fd, short what, void *arg);
 
+/* Strings the option table cannot check: each of these passed start-up and
+ * then failed every query, or refused every ScaledObject, with no error at
+ * start. */
+static int check_options(const struct settings *cfg, char *err, size_t errlen)
+{
+    const char *q = cfg->token_rate_query;
+    while (*q && isspace((unsigned char)*q))
+        q++;
+    if (!*q) {
+        snprintf(err, errlen, "--token-rate-query: empty");
+        return -1;
+    }
+    const char *l = cfg->token_rate_label;
+    bool label_ok = (isalpha((unsigned char)*l) || *l == '_');
+    for (const char *c = l; label_ok && *c; c++)
+        label_ok = isalnum((unsigned char)*c) || *c == '_';
+    if (!label_ok) {
+        snprintf(err, errlen,
+                 "--token-rate-label: expected a Prometheus label name ([a-zA-Z_][a-zA-Z0-9_]*), "
+                 "got '%.64s'",
+                 l);
+        return -1;
+    }
+    const char *ns = cfg->allowed_namespaces;
+    if (*ns && strspn(ns, ", ") == strlen(ns)) {
+        snprintf(err, errlen,
+                 "--allowed-namespaces: no namespace in '%.64s' (empty allows every namespace)",
+                 ns);
+        return -1;
+    }
+    return 0;
+}
+
+/* The scaler re-reads nothing on SIGHUP (TLS files are polled); its default
+ * action would end the process without the graceful stop. */
+static void sighup_cb(evutil_socket_t sig, short what, void *arg)
+{
+    (void)sig;
+    (void)what;
+    (void)arg;
+    LOG_WARN("signal_ignored", "signal=SIGHUP note=\"the scaler reloads nothing on SIGHUP; "
+                               "restart it to apply a changed config\"");
+}
+
 static void signal_cb(evutil_socket_t sig, short what, void *arg)
 {
     struct app *app = arg;
@@ -869,7 +915,7 @@ static void app_free(struct app *app)
     http_conn_cap_free(app->http_cap); /* after evhttp_free: its connections report here */
     struct event *evs[] = {app->prom_timer, app->redis_timer,    app->tick_timer,
                            app->sigterm,    app->sigint,         app->shutdown_timer,
-                           app->tls_timer,  app->read_now};
+                           app->tls_timer,  app->read_now,       app->sighup};
     for (size_t i = 0; i < sizeof(evs) / sizeof(evs[0]); i++)
         if (evs[i])
             event_free(evs[i]);
@@ -955,6 +1001,11 @@ int main(int argc, char **argv)
         return 2;
     }
     log_set_level(app.cfg.log_level);
+    if (check_options(&app.cfg, err, sizeof(err)) != 0) {
+        fprintf(stderr, "thaw-scaler: %s\n", err);
+        options_free(option_defs, NOPTIONS, &app.cfg);
+        return 2;
+    }
 
     char grpc_host[256];
     int grpc_port = 0, http_port = 0;
@@ -1051,11 +1102,12 @@ int main(int argc, char **argv)
     app.tick_timer = event_new(app.base, -1, EV_PERSIST, tick_cb, &app);
     app.sigterm = evsignal_new(app.base, SIGTERM, signal_cb, &app);
     app.sigint = evsignal_new(app.base, SIGINT, signal_cb, &app);
+    app.sighup = evsignal_new(app.base, SIGHUP, sighup_cb, &app);
     app.shutdown_timer = evtimer_new(app.base, shutdown_timeout_cb, &app);
     app.read_now = evtimer_new(app.base, read_now_cb, &app);
     app.last_read_now_ms = clock_mono_ms() - READ_NOW_SPACING_MS;
     if (!app.prom_timer || !app.redis_timer || !app.tick_timer || !app.sigterm || !app.sigint ||
-        !app.shutdown_timer || !app.read_now) {
+        !app.sighup || !app.shutdown_timer || !app.read_now) {
         LOG_ERROR("startup_failed", "error=\"out of memory\"");
         app_free(&app);
         return 1;
@@ -1068,6 +1120,7 @@ int main(int argc, char **argv)
     event_add(app.tick_timer, &ttv);
     event_add(app.sigterm, NULL);
     event_add(app.sigint, NULL);
+    event_add(app.sighup, NULL);
     /* First readings right away rather than one interval after start. */
     event_active(app.prom_timer, EV_TIMEOUT, 0);
     app.last_gc_ms = clock_mono_ms();

@@ -388,6 +388,15 @@ test('SIGTERM with streams open: they end with status OK and the process exits 0
   await waitUntil(async () => sampleValue(await scaler.metrics(), 'thaw_scaler_grpc_server_streams_open') >= 11,
     3000, { what: 'the half-sent stream open' });
 
+  // SIGHUP (an operator expecting a reload) is logged and changes nothing:
+  // its default action would kill the scaler without the graceful stop.
+  const hupMark = scaler.proc.mark();
+  scaler.proc.proc.kill('SIGHUP');
+  await scaler.proc.waitForLog(/event=signal_ignored signal=SIGHUP/, 2000, { since: hupMark });
+  assert.equal(scaler.proc.proc.exitCode, null, 'still running after SIGHUP');
+  assert.equal(sampleValue(await scaler.metrics(), 'thaw_scaler_grpc_server_streams_open'), 11,
+    'the streams are still open after SIGHUP');
+
   const mark = scaler.proc.mark();
   const t0 = Date.now();
   scaler.proc.proc.kill('SIGTERM');

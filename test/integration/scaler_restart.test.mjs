@@ -145,3 +145,13 @@ test('a bad --restore-series stops the start with a clear error', async () => {
   await assert.rejects(scaler('thaw-scaler-bad', { 'restore-series': 'sum(thaw_scaler_desired_replicas)' }),
     /restore-series must be a metric name/);
 });
+
+test('option values that would fail every query or call stop the start with a clear error', async () => {
+  await assert.rejects(scaler('thaw-scaler-bad', { 'restore-window-seconds': 0.0001 }),
+    /restore-window-seconds 0 or at least 1/);
+  await assert.rejects(scaler('thaw-scaler-bad', { 'token-rate-query': ' ' }), /--token-rate-query: empty/);
+  await assert.rejects(scaler('thaw-scaler-bad', { 'token-rate-label': 'model-name' }),
+    /--token-rate-label: expected a Prometheus label name/);
+  await assert.rejects(scaler('thaw-scaler-bad', { 'allowed-namespaces': ' , ' }),
+    /--allowed-namespaces: no namespace/);
+});
