@@ -311,6 +311,17 @@ static void held_done(void *ud, int status, const long long *held, const long lo
     redis_read_again(app);
 }
 
+/* Forgets expired targets once a minute, only while no Redis batch points
+ * into the state; also while Redis is down, or deleted ScaledObjects would
+ * fill --max-targets during the outage. */
+static void gc_maybe(struct app *app, int64_t now)
+{
+    if (!app->queue_in_flight && !app->held_in_flight && now - app->last_gc_ms > 60000) {
+        scaler_state_gc(app->st, now);
+        app->last_gc_ms = now;
+    }
+}
+
 static void redis_timer_cb(evutil_socket_t fd, short what, void *arg)
 {
     struct app *app = arg;
@@ -318,6 +329,7 @@ static void redis_timer_cb(evutil_socket_t fd, short what, void *arg)
     if (!redis_source_connected(app->redis)) {
         scaler_state_source_failed(app->st, SOURCE_REDIS_QUEUE, "not connected", now);
         scaler_state_source_failed(app->st, SOURCE_REDIS_HELD, "not connected", now);
+        gc_maybe(app, now);
         return;
     }
     redis_read(app, now);
@@ -325,11 +337,7 @@ static void redis_timer_cb(evutil_socket_t fd, short what, void *arg)
 
 static void redis_read(struct app *app, int64_t now)
 {
-    /* Forget old targets only while no batch points into the state. */
-    if (!app->queue_in_flight && !app->held_in_flight && now - app->last_gc_ms > 60000) {
-        scaler_state_gc(app->st, now);
-        app->last_gc_ms = now;
-    }
+    gc_maybe(app, now);
     if (!app->queue_in_flight) {
         const struct redis_queue_query *q = NULL;
         size_t n = scaler_state_queue_batch(app->st, &q);

@@ -92,12 +92,16 @@ long restore_book_fill(struct restore_book *b, const struct prom_sample *samples
         }
         if (!(s->value >= 1)) /* at zero: nothing to hold */
             continue;
+        if (s->value > POLICY_MAX_REPLICAS) { /* no scaler reports that: bad data */
+            bad++;
+            continue;
+        }
         if (max_entries && strmap_count(b->floors) >= max_entries) {
             bad += n - i;
             break;
         }
         double v = ceil(s->value - 1e-9);
-        long floor = v >= POLICY_MAX_REPLICAS ? POLICY_MAX_REPLICAS : (long)v;
+        long floor = (long)v;
         /* The query's `max by` gives one sample per key; should an answer
          * repeat one, the higher floor is kept. */
         long had = (long)(intptr_t)strmap_get(b->floors, s->label_value);

@@ -38,8 +38,9 @@ void restore_book_free(struct restore_book *b);
 
 /* Replaces the book's floors with the query's answer. Values below 1 hold
  * nothing; samples that are invalid or whose label is not "ns/name/model"
- * are skipped (counted in *skipped); values are rounded up and capped at
- * POLICY_MAX_REPLICAS; at most max_entries are kept (0: no limit). Returns
+ * are skipped (counted in *skipped), as are values over POLICY_MAX_REPLICAS,
+ * which no scaler reports; values are rounded up; at most max_entries are
+ * kept (0: no limit). Returns
  * the number of floors kept, or -1 on allocation failure (the book is then
  * empty). */
 long restore_book_fill(struct restore_book *b, const struct prom_sample *samples, size_t n,

@@ -196,6 +196,16 @@ static struct target *resolve(struct scaler_service *svc, struct grpc_call *call
         grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT, "name or namespace too long");
         return NULL;
     }
+    /* A target is namespace/name/model: a '/' in the first two would let two
+     * ScaledObjects share one (a/b + m and a + b/m), and Kubernetes names
+     * never hold one, nor are empty. */
+    if (!*ref->namespace_ || !*ref->name || strchr(ref->namespace_, '/') ||
+        strchr(ref->name, '/')) {
+        metadata_spec_finish(&spec);
+        grpc_call_finish(call, GRPC_STATUS_INVALID_ARGUMENT,
+                         "scaledObjectRef name and namespace must be non-empty and hold no '/'");
+        return NULL;
+    }
     struct target *t = scaler_state_upsert(svc->st, ref->namespace_, ref->name, &spec,
                                            clock_mono_ms());
     metadata_spec_finish(&spec);

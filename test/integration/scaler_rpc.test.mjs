@@ -258,6 +258,11 @@ test('strings that are not UTF-8, or hold NUL: INVALID_ARGUMENT, and /models and
     [rawRef('u8', 'default', [...good, ['targetQueueLength', Buffer.from('5\0junk')]]), /holds a NUL byte/],
     [rawRef('u8', 'default', [['model', Buffer.from('a\0one')], ['policy', 'v1']]), /holds a NUL byte/],
     [rawRef(Buffer.from('u8\0x'), 'default', good), /holds a NUL byte/],
+    // A target is namespace/name/model: 'a/b' + 'm' would be 'a' + 'b/m'.
+    [rawRef('a/b', 'default', good), /non-empty and hold no '\/'/],
+    [rawRef('u8', 'de/fault', good), /non-empty and hold no '\/'/],
+    [rawRef('', 'default', good), /non-empty and hold no '\/'/],
+    [rawRef('u8', '', good), /non-empty and hold no '\/'/],
   ];
   for (const [bytes, re] of cases) {
     for (const method of ['IsActive', 'GetMetricSpec', 'StreamIsActive']) {

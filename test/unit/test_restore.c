@@ -47,15 +47,20 @@ static void test_book_keeps_floors(void **unused)
         {"ns/a/m", 5, false},        {"ns/a/m", 1, false},
     };
     size_t skipped = 99;
-    assert_int_equal(restore_book_fill(b, s, sizeof(s) / sizeof(s[0]), 0, &skipped), 4);
-    assert_int_equal(skipped, 6); /* not ns/low and ns/zero: answers of 0, nothing to hold */
+    assert_int_equal(restore_book_fill(b, s, sizeof(s) / sizeof(s[0]), 0, &skipped), 3);
+    assert_int_equal(skipped, 7); /* not ns/low and ns/zero: answers of 0, nothing to hold */
     assert_int_equal(restore_book_floor(b, "ns/a/m"), 5);     /* a repeat: the higher */
     assert_int_equal(restore_book_floor(b, "ns/b/m"), 2);     /* float noise: not 3 */
     assert_int_equal(restore_book_floor(b, "ns/c/org/m"), 4); /* rounded up; a model with '/' */
-    assert_int_equal(restore_book_floor(b, "ns/big/m"), POLICY_MAX_REPLICAS);
+    assert_int_equal(restore_book_floor(b, "ns/big/m"), 0); /* over any answer: skipped */
     assert_int_equal(restore_book_floor(b, "ns/low/m"), 0);
     assert_int_equal(restore_book_floor(b, "ns/a/other"), 0); /* another model's */
-    assert_int_equal(restore_book_count(b), 4);
+    assert_int_equal(restore_book_count(b), 3);
+    struct prom_sample edge[] = {{"ns/max/m", POLICY_MAX_REPLICAS, false},
+                                 {"ns/over/m", POLICY_MAX_REPLICAS + 0.5, false}};
+    assert_int_equal(restore_book_fill(b, edge, 2, 0, &skipped), 1);
+    assert_int_equal(skipped, 1);
+    assert_int_equal(restore_book_floor(b, "ns/max/m"), POLICY_MAX_REPLICAS);
 
     /* A new answer replaces the old; the cap counts floors kept. */
     assert_int_equal(restore_book_fill(b, s + 1, 3, 2, &skipped), 2);
