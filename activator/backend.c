@@ -699,8 +699,10 @@ static int start_source(struct backend *b, const struct model_config *mc)
         b->kind = SRC_STATIC;
         return merge(b, &ss, &len, 1);
     }
+    /* The list in use stays until the name's first answer replaces it: a
+     * ready model whose backend moves to a name (its Service, often the
+     * same replicas) must not go cold and wake for the lookup's sake. */
     b->kind = SRC_DNS;
-    merge(b, NULL, NULL, 0);
     if (!b->dns) {
         LOG_ERROR("dns_unavailable", "host=%s", host);
         return -1;
@@ -751,11 +753,14 @@ void backend_free(struct backend *b)
     thaw_free(b);
 }
 
-int backend_reconfigure(struct backend *b, const struct model_config *mc,
+int backend_reconfigure(struct backend *b, struct evdns_base *dns, const struct model_config *mc,
                         const struct limits_config *lim)
 {
     if (apply_settings(b, mc, lim) < 0)
         return -1;
+    /* A reload may be the first to need names: the resolver is the proxy's
+     * current one, not what it was when this backend was made. */
+    b->dns = dns;
     const char *src = mc->backend ? mc->backend : mc->endpoints_file;
     if (!b->stopped && strcmp(src, b->source) == 0)
         return 0;
@@ -763,7 +768,13 @@ int backend_reconfigure(struct backend *b, const struct model_config *mc,
         LOG_INFO("backend_changed", "from=%s to=%s", b->source, src);
     b->stopped = false;
     stop_source(b);
-    return start_source(b, mc);
+    if (start_source(b, mc) < 0) {
+        /* Not started: the next reconfigure tries again, even with the
+         * same source (it would otherwise count as unchanged). */
+        b->stopped = true;
+        return -1;
+    }
+    return 0;
 }
 
 unsigned backend_cap(const struct backend *b)

@@ -63,8 +63,12 @@ struct backend *backend_new(struct event_base *base, struct evdns_base *dns,
  * (endpoint_release) first. Accepts NULL. */
 void backend_free(struct backend *b);
 
-/* Applies new settings; a changed endpoint source replaces the list. */
-int backend_reconfigure(struct backend *b, const struct model_config *mc,
+/* Applies new settings; a changed endpoint source replaces the list (a name's
+ * at its first answer: the old list serves until then). dns is the resolver
+ * to use from now on (NULL: none). A source that could not start (a name
+ * without a resolver) leaves the old list and is tried again at the next
+ * call. */
+int backend_reconfigure(struct backend *b, struct evdns_base *dns, const struct model_config *mc,
                         const struct limits_config *lim);
 
 /* The activators sharing each endpoint's cap, in BALANCE_PEER_UNITs (this

@@ -1578,7 +1578,7 @@ static int fallback_apply(struct model_rt *m, const struct model_config *mc)
     if (!m->fallback_timer && !(m->fallback_timer = evtimer_new(px->base, fallback_timer_cb, m)))
         return -1;
     if (m->fallback_be) {
-        if (backend_reconfigure(m->fallback_be, &fmc, &px->cfg->limits) < 0)
+        if (backend_reconfigure(m->fallback_be, px->dns, &fmc, &px->cfg->limits) < 0)
             return -1;
     } else {
         static const struct backend_callbacks fcbs = {on_fallback_healthy, on_fallback_down};
@@ -3236,7 +3236,7 @@ int proxy_reload(struct proxy *px, struct config *cfg)
         holdq_set_hold_timeout(&m->hq, mc->hold_timeout_ms);
         arm_hold_timer(m);
         m->sm.wake_timeout_ms = mc->hold_timeout_ms;
-        if (backend_reconfigure(m->be, mc, &cfg->limits) < 0)
+        if (backend_reconfigure(m->be, px->dns, mc, &cfg->limits) < 0)
             LOG_ERROR("backend_reconfigure_failed", "model=%s", m->name);
         if (fallback_apply(m, mc) < 0)
             LOG_ERROR("fallback_reconfigure_failed", "model=%s", m->name);

@@ -279,3 +279,35 @@ test('a reload that shortens holdTimeoutSeconds applies to the requests held bef
     await act.stop();
   }
 });
+
+test('a reload that moves a ready model from an IP to a name (no model used names before): it stays ready, no wake, served at once', async () => {
+  const port = await freePort();
+  const fv = await startFakeVllm({ model: 'dn1', port });
+  const act = await startActivator({ models: [modelCfg('dn1', port)] }, { redisUrl: redis.url });
+  try {
+    assert.equal((await complete(act.port, 'dn1')).status, 200);
+    const before = await act.model('dn1');
+    assert.equal(before.state, 'ready');
+    const since = act.proc.mark();
+    // The same replica, now by name: the first name any model uses, so the
+    // resolver is made by this reload.
+    await reload(act, { models: [{ ...modelCfg('dn1', port), backend: `http://localhost:${port}` }] });
+    const t0 = Date.now();
+    const r = await complete(act.port, 'dn1');
+    assert.equal(r.status, 200, r.body.toString());
+    assert.ok(Date.now() - t0 < 2000, `served ${Date.now() - t0} ms after the reload`);
+    const after = await act.model('dn1');
+    assert.equal(after.state, 'ready');
+    assert.equal(after.coldStarts, before.coldStarts, 'no cold start for the lookup');
+    assert.equal(after.wakeSignals, before.wakeSignals, 'no wake for the lookup');
+    assert.equal(act.proc.lines.slice(since).filter((l) => /dns_unavailable|backend_reconfigure_failed|model_state model=dn1/.test(l.line)).length, 0,
+      act.proc.lines.slice(since).map((l) => l.line).join('\n'));
+    // The name's answer replaced the list (localhost: 127.0.0.1 and maybe ::1).
+    await waitUntil(async () => (await act.model('dn1')).endpoints.some((e) => e.healthy), 3000,
+      { what: 'a healthy endpoint from the name' });
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await fv.stop();
+  }
+});
