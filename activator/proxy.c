@@ -2828,14 +2828,50 @@ static unsigned peer_weight(const struct proxy *px)
 
 /* The model's part of the Redis refresh: a wake that could not be sent,
  * the direct wake renewed while Redis is not there, its thaw:held field. */
+/* Requests of this instance waiting for a replica of its model to come up
+ * (waking, or draining with none up). */
+static size_t waiting_for_wake(const struct model_rt *m)
+{
+    if (m->sm.state == MODEL_COLD || model_sm_forwardable(&m->sm))
+        return 0;
+    return model_waiting(m);
+}
+
+/* Without Redis (down, or connected but not answering) the scaler does not
+ * see the held count that keeps a waking model wanted: the direct wake
+ * stands in for it, renewed as often, per name (the configured model and
+ * its removed namesakes whose held requests still wait, summed, as in the
+ * thaw:held field), also while draining. */
+static void renew_direct_wakes(struct proxy *px)
+{
+    if (!px->scaler_wake || redis_link_answering(px->redis))
+        return;
+    for (size_t i = 0; i < px->nmodels; i++) {
+        struct model_rt *m = px->models[i];
+        size_t n = waiting_for_wake(m);
+        for (struct model_rt *o = px->removed; o; o = o->next_removed)
+            if (strcmp(o->name, m->name) == 0)
+                n += waiting_for_wake(o);
+        if (n > 0)
+            scaler_wake_send(px->scaler_wake, m->name, n);
+    }
+    for (struct model_rt *r = px->removed; r; r = r->next_removed) {
+        bool first = !model_by_name(px, r->name);
+        for (struct model_rt *o = px->removed; first && o != r; o = o->next_removed)
+            first = strcmp(o->name, r->name) != 0;
+        if (!first)
+            continue;
+        size_t n = 0;
+        for (struct model_rt *o = r; o; o = o->next_removed)
+            if (strcmp(o->name, r->name) == 0)
+                n += waiting_for_wake(o);
+        if (n > 0)
+            scaler_wake_send(px->scaler_wake, r->name, n);
+    }
+}
+
 static void refresh_model(struct proxy *px, struct model_rt *m)
 {
-    /* Without Redis (down, or connected but not answering) the scaler does
-     * not see the held count that keeps a waking model wanted: the direct
-     * wake stands in for it, renewed as often. */
-    if (px->scaler_wake && m->sm.state == MODEL_WAKING && model_waiting(m) > 0 &&
-        !redis_link_answering(px->redis))
-        scaler_wake_send(px->scaler_wake, m->name, model_waiting(m));
     /* A wake that could not be sent still matters while the model has not
      * come up. */
     if (m->wake_pending && px->redis && redis_link_up(px->redis)) {
@@ -2879,6 +2915,7 @@ static void tick_cb(evutil_socket_t fd, short what, void *arg)
          * scaler must go on seeing them, then see them end. */
         for (struct model_rt *m = px->removed; m; m = m->next_removed)
             publish_held_at(m, true);
+        renew_direct_wakes(px);
         hdel_pending_flush(px);
     }
 }

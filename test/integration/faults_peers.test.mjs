@@ -301,6 +301,48 @@ test('Redis down: a cold model still wakes; the activator posts the wake to thaw
   }
 });
 
+test('no Redis: the direct wake is renewed for a model a reload removed, and while the activator drains', async () => {
+  const dead = await freePort();
+  const m = (name) => ({ name, backend: `http://127.0.0.1:${dead}`, probeInitialMs: 20, probeMaxMs: 200,
+    holdTimeoutSeconds: 60 });
+  const act = await startActivator({ limits: { drainTimeoutSeconds: 12 }, models: [m('fp-r'), m('fp-s')] },
+    { instanceId: 'act-renew', args: ['--scaler-wake-url', `http://127.0.0.1:${scaler.httpPort}`] });
+  const refR = scaledObjectRef('fp-so-r', { model: 'fp-r' });
+  const refS = scaledObjectRef('fp-so-s', { model: 'fp-s' });
+  // What the scaler reads from the posts; a post counts for held-fresh-seconds (5 s).
+  const heldAt = async (so) => (await scaler.model(so))?.inputs.heldRequests;
+  let exited = false;
+  try {
+    // The targets exist from their first call (its answer may be UNAVAILABLE
+    // while the scaler has no reading of Redis, which earlier tests restart).
+    await scaler.client.isActive(refR).catch(() => {});
+    await scaler.client.isActive(refS).catch(() => {});
+    const r = complete(act.port, 'fp-r', { timeoutMs: 60000 }).catch((e) => ({ status: `error ${e.message}` }));
+    const s = complete(act.port, 'fp-s', { timeoutMs: 60000 }).catch((e) => ({ status: `error ${e.message}` }));
+    await waitUntil(async () => (await heldAt('fp-so-r')) === 1 && (await heldAt('fp-so-s')) === 1, 5000,
+      { what: 'the scaler reads both held requests from the posts' });
+    // fp-r removed: its held request still waits for its backend (up to its
+    // hold deadline), so the scaler must go on being told.
+    const since = act.proc.mark();
+    act.writeConfig({ limits: { drainTimeoutSeconds: 12 }, models: [m('fp-s')] });
+    act.proc.proc.kill('SIGHUP');
+    await act.proc.waitForLog(/event=config_reloaded/, 5000, { since });
+    await sleep(7000);
+    assert.equal(await heldAt('fp-so-r'), 1, 'renewed for the removed model past held-fresh-seconds');
+    // Draining: the held requests wait up to drainTimeoutSeconds.
+    act.proc.proc.kill('SIGTERM');
+    await sleep(7000);
+    assert.equal(await heldAt('fp-so-s'), 1, 'renewed while draining past held-fresh-seconds');
+    assert.equal(await heldAt('fp-so-r'), 1, 'and for the removed one');
+    const results = await Promise.all([r, s]);
+    exited = true;
+    for (const x of results) assert.equal(x.status, 503, `ended by the drain: ${x.status}`);
+  } finally {
+    if (!exited) await act.stop();
+    else await act.proc.exited;
+  }
+});
+
 test('Redis frozen (accepts connections, never answers): the link backs off, and the direct wake is renewed as when Redis is down', async (t) => {
   const frozen = await startRedis();
   const deadPort = await freePort();
