@@ -18,6 +18,7 @@
 #include "expo.h"
 #include "http_conn_cap.h"
 #include "log.h"
+#include "model_name.h"
 #include "proxy.h"
 
 struct admin {
@@ -60,12 +61,14 @@ static void handle_wake(struct admin *a, struct evhttp_request *req, const char 
         reply_text(req, 405, "Method Not Allowed", "text/plain", "use POST\n");
         return;
     }
-    char *decoded = evhttp_uridecode(name, 0, NULL);
+    size_t decoded_len = 0;
+    char *decoded = evhttp_uridecode(name, 0, &decoded_len);
     if (!decoded) {
         evhttp_send_error(req, 500, NULL);
         return;
     }
-    int rc = proxy_wake(a->px, decoded);
+    /* %00 would cut the name short in C: "m1%00x" must not wake m1. */
+    int rc = strlen(decoded) == decoded_len ? proxy_wake(a->px, decoded) : -1;
     if (rc < 0) {
         reply_json(req, 404, "Not Found",
                    json_pack("{s:{s:s,s:s,s:s}}", "error", "message", "no such model", "type",
@@ -81,7 +84,9 @@ static void admin_cb(struct evhttp_request *req, void *arg)
 {
     struct admin *a = arg;
     const char *uri = evhttp_request_get_uri(req);
-    char path[512];
+    /* Room for "/models/<name>/wake" with every byte of the longest name
+     * percent-encoded. */
+    char path[3 * MODEL_NAME_MAX + 64];
     size_t n = strcspn(uri, "?");
     if (n >= sizeof(path)) {
         evhttp_send_error(req, 414, NULL);
@@ -93,10 +98,12 @@ static void admin_cb(struct evhttp_request *req, void *arg)
     bool get = cmd == EVHTTP_REQ_GET || cmd == EVHTTP_REQ_HEAD;
 
     if (strncmp(path, "/models/", 8) == 0) {
+        /* The name is everything up to the last "/wake": Hugging Face names
+         * hold a '/' (org/model), sent as is or as %2F. */
         char *name = path + 8;
-        char *slash = strchr(name, '/');
-        if (slash && strcmp(slash, "/wake") == 0 && slash > name) {
-            *slash = '\0';
+        size_t len = strlen(name);
+        if (len > 5 && strcmp(name + len - 5, "/wake") == 0) {
+            name[len - 5] = '\0';
             handle_wake(a, req, name);
             return;
         }

@@ -3445,7 +3445,7 @@ static void ep_metric(void *ud, const char *label, unsigned outstanding, bool he
                       uint64_t requests)
 {
     struct ep_ctx *c = ud;
-    char labels[512];
+    char labels[2 * MODEL_NAME_MAX + 128]; /* a name's quotes and backslashes escaped */
     if (expo_labels(labels, sizeof(labels), "model", c->model, "endpoint", label, NULL) < 0)
         return;
     if (c->pass == 0)
@@ -3482,7 +3482,7 @@ static void write_outcomes(struct evbuffer *out, struct proxy *px, const char *n
             n[o] += r->outcomes[o];
         routed |= r->routed;
     }
-    char labels[512];
+    char labels[2 * MODEL_NAME_MAX + 128]; /* a name's quotes and backslashes escaped */
     for (int o = 0; o < PROXY_OUTCOME_COUNT; o++) {
         if (n[o] == 0 && o != OUT_OK && !(routed && outcome_exposed_from_zero[o]))
             continue;
@@ -3494,7 +3494,7 @@ static void write_outcomes(struct evbuffer *out, struct proxy *px, const char *n
 
 void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
 {
-    char labels[512];
+    char labels[2 * MODEL_NAME_MAX + 128]; /* a name's quotes and backslashes escaped */
     struct proxy_totals t;
     proxy_get_totals(px, &t);
 

@@ -13,6 +13,7 @@
 #include "clock.h"
 #include "log.h"
 #include "redis_guard.h"
+#include "model_name.h"
 
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
@@ -393,7 +394,7 @@ int redis_link_wake(struct redis_link *l, const char *model)
 int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t queued,
                     size_t inflight, int64_t late_after_ms, int64_t unix_ms)
 {
-    char key[512];
+    char key[MODEL_NAME_MAX + 32];
     int n = snprintf(key, sizeof(key), "thaw:held:%s", model);
     if (n < 0 || (size_t)n >= sizeof(key))
         return -1;
@@ -445,7 +446,7 @@ static const char held_sweep_script[] =
 
 int redis_link_held_sweep(struct redis_link *l, const char *model, int64_t unix_ms)
 {
-    char key[512], age[24], mine[24];
+    char key[MODEL_NAME_MAX + 32], age[24], mine[24];
     int n = snprintf(key, sizeof(key), "thaw:held:%s", model);
     if (n < 0 || (size_t)n >= sizeof(key))
         return -1;

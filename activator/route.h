@@ -12,6 +12,8 @@
 #include <stdbool.h>
 #include <stddef.h>
 
+#include "model_name.h"
+
 struct config;
 
 enum route_json_result {
@@ -22,7 +24,7 @@ enum route_json_result {
 };
 
 struct route_json_info {
-    char model[256];
+    char model[MODEL_NAME_MAX + 1];
     bool stream;      /* "stream": true seen (before the scan stopped) */
     bool stream_seen; /* the "stream" member was seen */
 };

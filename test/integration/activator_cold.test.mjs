@@ -287,6 +287,40 @@ test('admin wake ahead of traffic, with wakeWith; unknown model 404', async () =
   }
 });
 
+test('the longest model name, with a slash and a quote: routed by body, woken by admin path (as is or %2F), counted, published; %00 does not wake a prefix', async () => {
+  const port = await freePort();
+  const name = `org/${'n'.repeat(500)}"q${'z'.repeat(6)}`;
+  assert.equal(Buffer.byteLength(name), 512);
+  const act = await startActivator({ models: [modelCfg(name, port, { holdTimeoutSeconds: 1 }), modelCfg('org', port)] },
+    { redisUrl: redis.url });
+  try {
+    const t0 = Date.now();
+    const enc = encodeURIComponent(name);
+    for (const path of [`/models/${name.replace('"', '%22')}/wake`, `/models/${enc}/wake`]) {
+      const r = await request(act.adminPort, { path, method: 'POST' });
+      assert.equal(r.status, 202, `${path.slice(0, 40)}...: ${r.status} ${r.body}`);
+    }
+    await wakes.waitFor((m) => m.payload === name && m.t >= t0, 3000);
+    // "org%00x" must not wake "org".
+    const nul = await request(act.adminPort, { path: '/models/org%00x/wake', method: 'POST' });
+    assert.equal(nul.status, 404);
+    assert.equal((await act.model('org')).state, 'cold');
+    // Routed by its body (the name was cut at 256 bytes before), held, then
+    // answered at its hold deadline.
+    const held = complete(act.port, name);
+    await waitUntil(async () => (await redis.cli('HGET', `thaw:held:${name}`, 'act-test')) !== null, 3000,
+      { what: 'its thaw:held field' });
+    const r = await held;
+    assert.equal(r.status, 504, r.body.toString());
+    const m = await act.metrics();
+    // (the exposition escapes the quote)
+    assert.equal(metricSum(m, 'thaw_activator_requests_total', { model: name.replace('"', '\\"'), outcome: 'hold_timeout' }), 1);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+  }
+});
+
 test('tiers: high-priority requests shed low ones when full and are released first', async () => {
   const port = await freePort();
   const act = await startActivator({
