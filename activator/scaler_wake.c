@@ -25,6 +25,7 @@
 struct post {
     struct scaler_wake *sw;
     struct bufferevent *bev;
+    struct event *deadline; /* timeout_ms from the start, whatever trickles in */
     struct post *prev, *next;
     char addr[64];
 };
@@ -108,6 +109,8 @@ static void post_free(struct post *p)
     if (p->next)
         p->next->prev = p->prev;
     sw->nposts--;
+    if (p->deadline)
+        event_free(p->deadline);
     bufferevent_free(p->bev);
     thaw_free(p);
 }
@@ -154,6 +157,15 @@ static void post_event_cb(struct bufferevent *bev, short what, void *arg)
     post_done(p, false, (what & BEV_EVENT_TIMEOUT) ? "timeout" : "connect_or_io_error");
 }
 
+/* The bufferevent's timeouts restart with every byte: a peer sending one
+ * byte at a time would keep a post (and its slot of the 256) for minutes. */
+static void post_deadline_cb(evutil_socket_t fd, short what, void *arg)
+{
+    (void)fd;
+    (void)what;
+    post_done(arg, false, "timeout");
+}
+
 static void format_addr(const struct sockaddr *sa, char *out, size_t outlen)
 {
     char ip[INET6_ADDRSTRLEN] = "?";
@@ -186,7 +198,12 @@ static void post_start(struct scaler_wake *sw, const struct sockaddr *sa, int sa
     p->sw = sw;
     format_addr(sa, p->addr, sizeof(p->addr));
     p->bev = bufferevent_socket_new(sw->base, -1, BEV_OPT_CLOSE_ON_FREE);
-    if (!p->bev) {
+    p->deadline = evtimer_new(sw->base, post_deadline_cb, p);
+    if (!p->bev || !p->deadline) {
+        if (p->bev)
+            bufferevent_free(p->bev);
+        if (p->deadline)
+            event_free(p->deadline);
         thaw_free(p);
         sw->stats.dropped++;
         return;
@@ -197,16 +214,16 @@ static void post_start(struct scaler_wake *sw, const struct sockaddr *sa, int sa
     sw->posts = p;
     sw->nposts++;
     struct timeval tv = {sw->timeout_ms / 1000, (sw->timeout_ms % 1000) * 1000};
-    bufferevent_set_timeouts(p->bev, &tv, &tv);
     bufferevent_setcb(p->bev, post_read_cb, NULL, post_event_cb, p);
-    if (bufferevent_write(p->bev, request, strlen(request)) != 0 ||
+    if (evtimer_add(p->deadline, &tv) != 0 ||
+        bufferevent_write(p->bev, request, strlen(request)) != 0 ||
         bufferevent_enable(p->bev, EV_READ | EV_WRITE) != 0) {
         post_done(p, false, "setup");
         return;
     }
     /* -1: socket() or connect() failed at once (no callback is made, libevent
      * 2.1.9 on); a refusal reported later comes through post_event_cb, and a
-     * connect that never completes meets the write timeout. */
+     * connect that never completes meets the deadline. */
     if (bufferevent_socket_connect(p->bev, sa, salen) < 0)
         post_done(p, false, "connect_failed");
 }

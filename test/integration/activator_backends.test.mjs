@@ -824,6 +824,33 @@ test('--scaler-wake-url that cannot be connected to at all: the post fails at on
   }
 });
 
+test('--scaler-wake-timeout-ms is a deadline: a scaler address that trickles a byte at a time does not keep the post', async () => {
+  const socks = [];
+  const trickle = net.createServer((s) => {
+    socks.push(s);
+    s.on('error', () => {});
+    const t = setInterval(() => s.write('H'), 150);
+    s.on('close', () => clearInterval(t));
+  });
+  await new Promise((resolve) => trickle.listen(0, '127.0.0.1', resolve));
+  const coldPort = await freePort();
+  const act = await startActivator(
+    { models: [{ name: 'trickled', backend: `http://127.0.0.1:${coldPort}`, holdTimeoutSeconds: 2, ...fast }] },
+    { args: ['--scaler-wake-url', `http://127.0.0.1:${trickle.address().port}`, '--scaler-wake-timeout-ms', '500'] });
+  try {
+    const t0 = Date.now();
+    const pending = complete(act.port, 'trickled', { timeoutMs: 10000 });
+    await act.proc.waitForLog(/event=scaler_wake_failed addr=127\.0\.0\.1:\d+ reason=timeout/, 3000);
+    const took = Date.now() - t0;
+    assert.ok(took < 1500, `the post ended ${took} ms after it began (deadline 500 ms)`);
+    assert.equal((await pending).status, 504);
+  } finally {
+    await act.stop();
+    for (const s of socks) s.destroy();
+    trickle.close();
+  }
+});
+
 test('a wake lookup still pending at shutdown is cancelled and freed (clean exit under ASan)', async () => {
   const silent = dgram.createSocket('udp4'); // a nameserver that never answers
   await new Promise((resolve) => silent.bind(0, '127.0.0.1', resolve));
