@@ -131,6 +131,15 @@ static void connection_closed(struct evhttp_connection *evcon, void *arg)
     tracked_release(arg);
 }
 
+size_t http_conn_cap_unsent_bytes(const struct http_conn_cap *cap)
+{
+    size_t sum = 0;
+    for (const struct tracked_conn *t = cap->oldest; t; t = t->next)
+        if (live_cbarg(t->bev))
+            sum += evbuffer_get_length(bufferevent_get_output(t->bev));
+    return sum;
+}
+
 /* The least recently active connection with nothing in its buffers, no
  * request begun and not answered, and no bytes for evict_idle_ms: between
  * requests, or opened and never used. */

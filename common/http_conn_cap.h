@@ -31,6 +31,7 @@
 #ifndef THAW_HTTP_CONN_CAP_H
 #define THAW_HTTP_CONN_CAP_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 struct event_base;
@@ -55,6 +56,10 @@ struct http_conn_cap *http_conn_cap_new(struct event_base *base, struct evhttp *
 void http_conn_cap_free(struct http_conn_cap *cap);
 
 int http_conn_cap_open(const struct http_conn_cap *cap);
+/* Bytes answered and not yet taken by the clients, over the open
+ * connections: what clients that do not read hold of the process's memory
+ * (a page handed to evhttp stays until sent or its write timeout). O(open). */
+size_t http_conn_cap_unsent_bytes(const struct http_conn_cap *cap);
 uint64_t http_conn_cap_refused(const struct http_conn_cap *cap);
 uint64_t http_conn_cap_evicted(const struct http_conn_cap *cap);
 

@@ -3,7 +3,7 @@
 // with streams open (they end with status OK, the process exits 0).
 // Real peers: redis-server and a prometheus with no targets.
 import assert from 'node:assert/strict';
-import { execFile } from 'node:child_process';
+import { execFile, spawn } from 'node:child_process';
 import http2 from 'node:http2';
 import net from 'node:net';
 import { after, before, test } from 'node:test';
@@ -229,6 +229,53 @@ test('/metrics and /models of 400 targets are built in steps: each fetch whole, 
     }
     assert.ok(whole >= 4, `${whole} of 8 pages served whole (at most 4 are built at once)`);
   } finally {
+    await many.stop();
+  }
+});
+
+test('clients that do not read their pages: past 64 MiB answered and unsent, a new page request gets 503 until they go', async () => {
+  const many = await startScaler({ prometheusUrl: prom.url, redisUrl: redis.url, name: 'thaw-scaler-unread' });
+  let readers = null;
+  try {
+    // A /metrics page of about 11 MB, well over what the kernel's send
+    // buffer takes of it (up to 4 MB on loopback).
+    const N = 8000;
+    const refs = Array.from({ length: N }, (_, i) => scaledObjectRef(`unread-so-${i}`, { model: `unread-m${i}` }));
+    for (let i = 0; i < N; i += 200) await Promise.all(refs.slice(i, i + 200).map((r) => many.client.getMetricSpec(r)));
+    const size = (await many.get('/metrics')).text.length;
+    assert.ok(size > 8e6, `page of ${size} bytes`);
+    // 20 clients whose receive buffers hold 4 KB and which never read: their
+    // pages stay in the scaler's memory until the write timeout.
+    const script = `
+import socket, sys, time
+socks = []
+for i in range(20):
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.connect(('127.0.0.1', ${many.httpPort}))
+    s.sendall(b'GET /metrics HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')
+    socks.append(s)
+    time.sleep(0.3)
+print('sent', flush=True)
+sys.stdin.read()
+`;
+    readers = spawn('python3', ['-c', script], { stdio: ['pipe', 'pipe', 'inherit'] });
+    await new Promise((resolve, reject) => {
+      readers.stdout.on('data', (d) => { if (/sent/.test(String(d))) resolve(); });
+      readers.on('exit', (code) => reject(new Error(`python exited ${code}`)));
+    });
+    const refused = await many.get('/metrics');
+    assert.equal(refused.status, 503, `${refused.status}: ${refused.text.slice(0, 100)}`);
+    assert.match(refused.text, /wait for clients that do not read them/);
+    assert.equal(refused.headers.get('retry-after'), '1');
+    assert.deepEqual(await many.client.isActive(refs[0]), { result: false }, 'gRPC still served');
+    readers.stdin.end();
+    await new Promise((resolve) => readers.on('close', resolve));
+    readers = null;
+    await waitUntil(async () => (await many.get('/metrics')).status === 200, 5000,
+      { what: 'pages served again once those clients are gone' });
+  } finally {
+    readers?.kill('SIGKILL');
     await many.stop();
   }
 });
