@@ -61,6 +61,15 @@ static void handle_wake(struct admin *a, struct evhttp_request *req, const char 
         reply_text(req, 405, "Method Not Allowed", "text/plain", "use POST\n");
         return;
     }
+    if (proxy_is_draining(a->px)) {
+        /* A draining activator wakes nothing: 202 would say otherwise. */
+        evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
+        reply_json(req, 503, "Service Unavailable",
+                   json_pack("{s:{s:s,s:s,s:s}}", "error", "message",
+                             "the activator is shutting down", "type", "server_error", "code",
+                             "draining"));
+        return;
+    }
     size_t decoded_len = 0;
     char *decoded = evhttp_uridecode(name, 0, &decoded_len);
     if (!decoded) {

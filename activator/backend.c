@@ -409,15 +409,30 @@ static void read_file(struct backend *b, bool force)
         st.st_mtim.tv_nsec == b->file_st.st_mtim.tv_nsec && st.st_size == b->file_st.st_size &&
         st.st_ino == b->file_st.st_ino)
         return;
+    if (!S_ISREG(st.st_mode)) {
+        /* A directory reads as empty: the list would go with no word. */
+        bool warned = b->file_seen && !S_ISREG(b->file_st.st_mode) &&
+                      st.st_ino == b->file_st.st_ino;
+        if (!warned)
+            LOG_WARN("endpoints_file_invalid", "path=%s err=\"not a regular file\"", b->source);
+        b->file_st = st;
+        b->file_seen = true;
+        return;
+    }
     FILE *f = fopen(b->source, "rb");
     if (!f)
         return;
     char buf[65536];
     size_t len = fread(buf, 1, sizeof(buf), f);
     bool too_big = len == sizeof(buf);
+    bool failed = ferror(f) != 0;
     fclose(f);
     b->file_st = st;
     b->file_seen = true;
+    if (failed) {
+        LOG_WARN("endpoints_file_invalid", "path=%s err=\"read failed\"", b->source);
+        return;
+    }
     if (too_big) {
         LOG_WARN("endpoints_file_invalid", "path=%s err=\"larger than 64 KiB\"", b->source);
         return;

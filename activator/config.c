@@ -402,9 +402,18 @@ static int finish_model(struct config *cfg, size_t idx, char *err, size_t errlen
         return -1;
     }
     for (const char *c = m->health_path; *c; c++) {
-        if (*c <= ' ' || *c == 0x7f) {
-            snprintf(err, errlen, "%s.healthPath: must not hold spaces or control characters",
+        if (*c <= ' ' || *c == 0x7f || *c == '#') {
+            snprintf(err, errlen,
+                     "%s.healthPath: must not hold spaces, control characters or '#' (a "
+                     "fragment is not sent)",
                      path);
+            return -1;
+        }
+    }
+    for (size_t k = 0; k < m->naliases; k++) {
+        if (!model_name_valid(m->aliases[k], strlen(m->aliases[k]))) {
+            snprintf(err, errlen, "%s.aliases[%zu]: expected 1-%d bytes without control characters",
+                     path, k, MODEL_NAME_MAX);
             return -1;
         }
     }

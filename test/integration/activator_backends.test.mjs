@@ -90,6 +90,31 @@ test('endpoints file: reloaded on change, least outstanding spreads load, empty 
   }
 });
 
+test('endpoints file replaced by a directory: one warning, the list kept (a directory read as an empty list)', async () => {
+  const p1 = await freePort();
+  const f1 = await startFakeVllm({ model: 'dirpool', port: p1, waitReady: true });
+  const dir = fs.mkdtempSync(path.join((await import('node:os')).tmpdir(), 'thaw-eps-'));
+  const eps = path.join(dir, 'endpoints');
+  fs.writeFileSync(eps, `127.0.0.1:${p1}\n`);
+  const act = await startActivator({ models: [{ name: 'dirpool', endpointsFile: eps, ...fast }] });
+  try {
+    assert.equal((await complete(act.port, 'dirpool')).status, 200);
+    const since = act.proc.mark();
+    fs.rmSync(eps);
+    fs.mkdirSync(eps);
+    await act.proc.waitForLog(/event=endpoints_file_invalid path=\S+ err="not a regular file"/, 3000, { since });
+    await sleep(600); // two more polls
+    assert.equal(act.proc.lines.slice(since).filter((l) => /endpoints_file_invalid/.test(l.line)).length, 1, 'logged once');
+    assert.equal((await act.model('dirpool')).state, 'ready');
+    assert.equal((await complete(act.port, 'dirpool')).status, 200);
+    await assertAccounted(act);
+  } finally {
+    await act.stop();
+    await f1.stop();
+    fs.rmSync(dir, { recursive: true, force: true });
+  }
+});
+
 test('per-endpoint concurrency cap: requests over the cap wait, none fail', async () => {
   let running = 0;
   let peak = 0;

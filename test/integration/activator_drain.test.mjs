@@ -108,6 +108,10 @@ test('SIGTERM while idle on a kept-alive connection: a late request is refused 5
   act.proc.proc.kill('SIGHUP');
   await act.proc.waitForLog(/event=reload_ignored reason="draining"/);
   assert.ok(!/config_reloaded/.test(act.proc.output()), 'reloaded while draining');
+  // Nor does it wake anything: the admin wake says so instead of 202.
+  const wake = await request(act.adminPort, { path: '/models/ka/wake', method: 'POST' });
+  assert.equal(wake.status, 503);
+  assert.equal(JSON.parse(wake.body).error.code, 'draining');
   const body = JSON.stringify({ model: 'ka', prompt: 'x' });
   s.write(`Content-Length: ${body.length}\r\n\r\n${body}`);
   await closed;

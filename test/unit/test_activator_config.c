@@ -178,6 +178,11 @@ static void test_errors(void **state)
          "models[0].aliases[1]: expected a non-empty string"},
         {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\",\"healthPath\":\"health\"}]}",
          "models[0].healthPath: must start with '/'"},
+        {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\",\"healthPath\":\"/health#x\"}]}",
+         "models[0].healthPath: must not hold spaces, control characters or '#' (a fragment is "
+         "not sent)"},
+        {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\",\"aliases\":[\"x\",\"y\\u0007\"]}]}",
+         "models[0].aliases[1]: expected 1-512 bytes without control characters"},
         {"{\"models\":[{\"name\":\"a\",\"backend\":\"http://a\",\"probeInitialMs\":500,"
          "\"probeMaxMs\":100}]}",
          "models[0].probeMaxMs"},
