@@ -3492,6 +3492,42 @@ static void write_outcomes(struct evbuffer *out, struct proxy *px, const char *n
     }
 }
 
+static double held_of(const struct model_rt *m) { return (double)m->hq.count; }
+static double held_bytes_of(const struct model_rt *m) { return (double)m->hq.bytes; }
+static double inflight_of(const struct model_rt *m) { return (double)m->inflight; }
+
+/* One sample per model name: the configured model plus its removed
+ * namesakes still carrying requests, summed, and a name only removed ones
+ * have until they are freed (their requests are still the model's demand,
+ * and Redis still reports them). */
+static void write_name_gauge(struct evbuffer *out, struct proxy *px, const char *family,
+                             double (*value)(const struct model_rt *))
+{
+    char labels[2 * MODEL_NAME_MAX + 128];
+    for (size_t i = 0; i < px->nmodels; i++) {
+        const struct model_rt *m = px->models[i];
+        double v = value(m);
+        for (const struct model_rt *o = px->removed; o; o = o->next_removed)
+            if (strcmp(o->name, m->name) == 0)
+                v += value(o);
+        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
+            expo_sample(out, family, labels, v);
+    }
+    for (const struct model_rt *r = px->removed; r; r = r->next_removed) {
+        bool first = !model_by_name(px, r->name);
+        for (const struct model_rt *o = px->removed; first && o != r; o = o->next_removed)
+            first = strcmp(o->name, r->name) != 0;
+        if (!first)
+            continue;
+        double v = 0;
+        for (const struct model_rt *o = r; o; o = o->next_removed)
+            if (strcmp(o->name, r->name) == 0)
+                v += value(o);
+        if (expo_labels(labels, sizeof(labels), "model", r->name, NULL) >= 0)
+            expo_sample(out, family, labels, v);
+    }
+}
+
 void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
 {
     char labels[2 * MODEL_NAME_MAX + 128]; /* a name's quotes and backslashes escaped */
@@ -3529,24 +3565,12 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
         write_outcomes(out, px, rkey);
 
     expo_family(out, "thaw_activator_held_requests", "gauge", "Requests held, by model.");
-    for (size_t i = 0; i < px->nmodels; i++) {
-        const struct model_rt *m = px->models[i];
-        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
-            expo_sample(out, "thaw_activator_held_requests", labels, (double)m->hq.count);
-    }
+    write_name_gauge(out, px, "thaw_activator_held_requests", held_of);
     expo_family(out, "thaw_activator_held_bytes", "gauge", "Memory charged to held requests.");
-    for (size_t i = 0; i < px->nmodels; i++) {
-        const struct model_rt *m = px->models[i];
-        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
-            expo_sample(out, "thaw_activator_held_bytes", labels, (double)m->hq.bytes);
-    }
+    write_name_gauge(out, px, "thaw_activator_held_bytes", held_bytes_of);
     expo_family(out, "thaw_activator_inflight_requests", "gauge",
                 "Requests sent to a backend and not finished, by model.");
-    for (size_t i = 0; i < px->nmodels; i++) {
-        const struct model_rt *m = px->models[i];
-        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
-            expo_sample(out, "thaw_activator_inflight_requests", labels, (double)m->inflight);
-    }
+    write_name_gauge(out, px, "thaw_activator_inflight_requests", inflight_of);
     expo_family(out, "thaw_activator_model_state", "gauge",
                 "1 for the state each model is in.");
     for (size_t i = 0; i < px->nmodels; i++) {
@@ -3748,8 +3772,23 @@ json_t *proxy_models_json(struct proxy *px)
             return NULL;
         }
     }
-    json_t *root = json_pack("{s:o,s:b,s:b,s:f}", "models", arr, "draining", px->draining,
-                             "redis", redis_link_up(px->redis), "peers",
+    /* Models a reload removed that still carry requests, until freed. */
+    json_t *removed = json_array();
+    for (const struct model_rt *m = px->removed; removed && m; m = m->next_removed) {
+        json_t *o = json_pack("{s:s,s:s,s:I,s:I}", "name", m->name, "state",
+                              model_state_to_str(m->sm.state), "held", (json_int_t)m->hq.count,
+                              "inflight", (json_int_t)m->inflight);
+        if (!o || json_array_append_new(removed, o) < 0) {
+            json_decref(removed);
+            removed = NULL;
+        }
+    }
+    if (!removed) {
+        json_decref(arr);
+        return NULL;
+    }
+    json_t *root = json_pack("{s:o,s:o,s:b,s:b,s:f}", "models", arr, "removedModels", removed,
+                             "draining", px->draining, "redis", redis_link_up(px->redis), "peers",
                              (double)px->peers / BALANCE_PEER_UNIT);
     return root;
 }

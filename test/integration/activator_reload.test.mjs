@@ -50,10 +50,18 @@ test('a removed model and its re-added namesake share one thaw:held field: their
     const old = settle(complete(act.port, 'rx', { timeoutMs: 20000 }));
     await waitUntil(async () => (await field())?.startsWith('1:'), 3000, { what: 'held 1' });
     await reload(act, { models: [keep] });
+    // Removed but still holding: still seen in /metrics and /models, as in Redis.
+    assert.equal(metricSum(await act.metrics(), 'thaw_activator_held_requests', { model: 'rx' }), 1);
+    assert.deepEqual((await act.models()).removedModels.map((m) => [m.name, m.held]), [['rx', 1]]);
     await reload(act, { models: [keep, modelCfg('rx', deadPort, { holdTimeoutSeconds: 12 })] });
     const fresh = Array.from({ length: 3 }, () => settle(complete(act.port, 'rx', { timeoutMs: 20000 })));
     // The removed instance's 1 and the new one's 3, from the next refresh on.
     await waitUntil(async () => (await field())?.startsWith('4:'), 3000, { what: 'held 4 (1 + 3)' });
+    // One series for the name, the sum (as the field).
+    const text = await (await fetch(`http://127.0.0.1:${act.adminPort}/metrics`)).text();
+    assert.deepEqual(text.split('\n').filter((l) => l.startsWith('thaw_activator_held_requests{model="rx"}')),
+      ['thaw_activator_held_requests{model="rx"} 4']);
+    assert.equal((await act.model('rx')).held, 3, 'the configured instance in /models');
     await sleep(1200);
     assert.match(await field(), /^4:/, 'the sum stays');
     // The removed one's hold times out: the field goes to 3, not away.
