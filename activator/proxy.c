@@ -1899,7 +1899,7 @@ static void route_and_admit(struct req *r)
     if (idx < 0 && !named && r->host)
         idx = route_by_host(px->cfg, r->host, strlen(r->host));
     if (idx < 0) {
-        char msg[400];
+        char msg[MODEL_NAME_MAX + 128]; /* the longest name whole: cut, it could split a character */
         if (named) {
             snprintf(msg, sizeof(msg), "The model `%s` does not exist.", info.model);
         } else if (invalid) {

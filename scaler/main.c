@@ -810,6 +810,11 @@ static int check_options(const struct settings *cfg, char *err, size_t errlen)
                  l);
         return -1;
     }
+    if (cfg->restore_window_seconds > 0 && cfg->restore_window_seconds < 1) {
+        snprintf(err, errlen, "--restore-window-seconds: expected 0 (off) or at least 1, got %g",
+                 cfg->restore_window_seconds);
+        return -1;
+    }
     const char *ns = cfg->allowed_namespaces;
     if (*ns && strspn(ns, ", ") == strlen(ns)) {
         snprintf(err, errlen,

@@ -138,6 +138,13 @@ test('routes by model, alias glob and Host; unknown model is a 404 in OpenAI sha
     message: 'The model `no-such-model` does not exist.', type: 'invalid_request_error',
     param: null, code: 'model_not_found' } });
   assert.match(r4.headers['content-type'], /application\/json/);
+  // The longest name, multi-byte: named whole, the body valid UTF-8 JSON.
+  const longName = `a${'\u00e9'.repeat(255)}`;
+  assert.equal(Buffer.byteLength(longName), 511);
+  const r4b = await complete(act.port, longName);
+  assert.equal(r4b.status, 404);
+  const text = new TextDecoder('utf-8', { fatal: true }).decode(r4b.body);
+  assert.equal(JSON.parse(text).error.message, `The model \`${longName}\` does not exist.`);
 
   const r5 = await request(act.port, { path: '/v1/models', headers: { host: 'unknown.example' } });
   assert.equal(r5.status, 404);

@@ -148,7 +148,7 @@ test('a bad --restore-series stops the start with a clear error', async () => {
 
 test('option values that would fail every query or call stop the start with a clear error', async () => {
   await assert.rejects(scaler('thaw-scaler-bad', { 'restore-window-seconds': 0.0001 }),
-    /restore-window-seconds 0 or at least 1/);
+    /--restore-window-seconds: expected 0 \(off\) or at least 1, got 0.0001/);
   await assert.rejects(scaler('thaw-scaler-bad', { 'token-rate-query': ' ' }), /--token-rate-query: empty/);
   await assert.rejects(scaler('thaw-scaler-bad', { 'token-rate-label': 'model-name' }),
     /--token-rate-label: expected a Prometheus label name/);
