@@ -1658,6 +1658,18 @@ static struct model_rt *model_by_name(struct proxy *px, const char *name)
     return px->models[idx];
 }
 
+/* A removed model that speaks for its name in per-name sums: no configured
+ * model has the name and no removed one before it in the list. */
+static bool removed_leads_name(struct proxy *px, const struct model_rt *r)
+{
+    if (model_by_name(px, r->name))
+        return false;
+    for (const struct model_rt *o = px->removed; o != r; o = o->next_removed)
+        if (strcmp(o->name, r->name) == 0)
+            return false;
+    return true;
+}
+
 static void model_wake_with(struct model_rt *m)
 {
     struct proxy *px = m->px;
@@ -2856,10 +2868,7 @@ static void renew_direct_wakes(struct proxy *px)
             scaler_wake_send(px->scaler_wake, m->name, n);
     }
     for (struct model_rt *r = px->removed; r; r = r->next_removed) {
-        bool first = !model_by_name(px, r->name);
-        for (struct model_rt *o = px->removed; first && o != r; o = o->next_removed)
-            first = strcmp(o->name, r->name) != 0;
-        if (!first)
+        if (!removed_leads_name(px, r))
             continue;
         size_t n = 0;
         for (struct model_rt *o = r; o; o = o->next_removed)
@@ -3514,10 +3523,7 @@ static void write_name_gauge(struct evbuffer *out, struct proxy *px, const char 
             expo_sample(out, family, labels, v);
     }
     for (const struct model_rt *r = px->removed; r; r = r->next_removed) {
-        bool first = !model_by_name(px, r->name);
-        for (const struct model_rt *o = px->removed; first && o != r; o = o->next_removed)
-            first = strcmp(o->name, r->name) != 0;
-        if (!first)
+        if (!removed_leads_name(px, r))
             continue;
         double v = 0;
         for (const struct model_rt *o = r; o; o = o->next_removed)
@@ -3552,10 +3558,7 @@ void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
     for (size_t i = 0; i < px->nmodels; i++)
         write_outcomes(out, px, px->models[i]->name);
     for (const struct model_rt *m = px->removed; m; m = m->next_removed) {
-        bool first = !model_by_name(px, m->name);
-        for (const struct model_rt *o = px->removed; first && o != m; o = o->next_removed)
-            first = strcmp(o->name, m->name) != 0;
-        if (first)
+        if (removed_leads_name(px, m))
             write_outcomes(out, px, m->name);
     }
     size_t cur = 0;
