@@ -243,6 +243,29 @@ static void log_loaded(const struct tls_server *t, SSL_CTX *ctx, int reload)
 }
 
 /* Builds a context from the files. NULL with err on failure. */
+static int no_passphrase(char *buf, int size, int rwflag, void *ud)
+{
+    (void)buf;
+    (void)size;
+    (void)rwflag;
+    (void)ud;
+    return 0;
+}
+
+/* A PEM key that needs a passphrase says so in its armour. */
+static bool key_is_encrypted(const char *path)
+{
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return false;
+    char line[256];
+    bool encrypted = false;
+    for (int i = 0; i < 8 && !encrypted && fgets(line, sizeof(line), f); i++)
+        encrypted = strstr(line, "ENCRYPTED") != NULL;
+    fclose(f);
+    return encrypted;
+}
+
 static SSL_CTX *ctx_build(const struct tls_server *t, double *not_after, char *err, size_t errlen)
 {
     for (int i = 0; i < NFILES; i++) {
@@ -273,6 +296,10 @@ static SSL_CTX *ctx_build(const struct tls_server *t, double *not_after, char *e
     /* KEDA keeps one idle connection per scaler address: idle ones should not
      * hold 2 x 16 KiB of record buffers each. */
     SSL_CTX_set_mode(ctx, SSL_MODE_RELEASE_BUFFERS);
+    /* No passphrase is ever asked for: OpenSSL's default would prompt on the
+     * terminal or read stdin, blocking the event loop (at a reload too). An
+     * encrypted key fails to load like any bad file. */
+    SSL_CTX_set_default_passwd_cb(ctx, no_passphrase);
     if (SSL_CTX_use_certificate_chain_file(ctx, t->files[FILE_CERT]) != 1) {
         openssl_err(err, errlen, "loading certificate", t->files[FILE_CERT]);
         SSL_CTX_free(ctx);
@@ -288,6 +315,10 @@ static SSL_CTX *ctx_build(const struct tls_server *t, double *not_after, char *e
                      t->files[FILE_KEY], t->files[FILE_CERT]);
         } else {
             openssl_err(err, errlen, "loading private key", t->files[FILE_KEY]);
+            if (key_is_encrypted(t->files[FILE_KEY]))
+                snprintf(err, errlen, "private key %s is encrypted: give the key without a "
+                                      "passphrase (openssl pkey -in KEY -out KEY.plain)",
+                         t->files[FILE_KEY]);
         }
         SSL_CTX_free(ctx);
         return NULL;

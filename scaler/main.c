@@ -810,6 +810,12 @@ static int check_options(const struct settings *cfg, char *err, size_t errlen)
                  l);
         return -1;
     }
+    if (cfg->tls_reload_interval_seconds > 0 && cfg->tls_reload_interval_seconds < 0.001) {
+        snprintf(err, errlen,
+                 "--tls-reload-interval-seconds: expected 0 (off) or at least 0.001, got %g",
+                 cfg->tls_reload_interval_seconds);
+        return -1;
+    }
     if (cfg->restore_window_seconds > 0 && cfg->restore_window_seconds < 1) {
         snprintf(err, errlen, "--restore-window-seconds: expected 0 (off) or at least 1, got %g",
                  cfg->restore_window_seconds);

@@ -154,4 +154,6 @@ test('option values that would fail every query or call stop the start with a cl
     /--token-rate-label: expected a Prometheus label name/);
   await assert.rejects(scaler('thaw-scaler-bad', { 'allowed-namespaces': ' , ' }),
     /--allowed-namespaces: no namespace/);
+  await assert.rejects(scaler('thaw-scaler-bad', { 'tls-reload-interval-seconds': 0.0000005 }),
+    /--tls-reload-interval-seconds: expected 0 \(off\) or at least 0.001/);
 });

@@ -439,6 +439,20 @@ test('rotation: a bad file is refused and the old certificate kept; a new one is
   h = await handshake(plainTls.grpcPort, { ca: read(ca.crt) });
   assert.equal(h.cert.serialNumber, '1001');
 
+  // 2b. A passphrase-protected key: refused as such. No passphrase is asked
+  // for (OpenSSL's default prompt reads stdin, blocking the event loop).
+  const encKey = path.join(dir, 'server2-enc.key');
+  await sh('openssl', ['pkey', '-in', next.key, '-aes256', '-passout', 'pass:secret', '-out', encKey], dir);
+  mark = plainTls.proc.mark();
+  replaceFile(encKey, keyPath);
+  await plainTls.proc.waitForLog(/event=tls_reload_failed error="private key \S+ is encrypted: give the key without a passphrase/, 5000, { since: mark });
+  assert.doesNotMatch(plainTls.proc.output(), /pass phrase/i);
+  h = await handshake(plainTls.grpcPort, { ca: read(ca.crt) });
+  assert.equal(h.cert.serialNumber, '1001');
+  mark = plainTls.proc.mark();
+  replaceFile(next.key, keyPath);
+  await plainTls.proc.waitForLog(/event=tls_reload_failed error="private key .* does not match certificate/, 5000, { since: mark });
+
   // 3. The matching certificate arrives: new connections get it.
   mark = plainTls.proc.mark();
   replaceFile(next.crt, certPath);
