@@ -90,6 +90,10 @@ async function main() {
     scaler = await spawnProcess(scalerBin, [
       '--listen', '127.0.0.1:0', '--http-listen', '127.0.0.1:0',
       '--redis-url', redis.url, '--prometheus-url', prom.url,
+      // Each wake's push is what is timed; by default a stream told `true`
+      // within the last second is not told again (wakes 20 ms apart would
+      // be coalesced, and the run would wait for pushes that never come).
+      '--wake-repeat-ms', '0',
     ], { name: 'thaw-scaler', readyLogRegex: /event=listening grpc_port=\d+ http_port=\d+/ });
     const m = await scaler.waitForLog(/event=listening grpc_port=(\d+) http_port=(\d+)/);
     const grpcPort = Number(m[1]);
