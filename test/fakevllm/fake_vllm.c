@@ -1,7 +1,8 @@
 /* thaw-fake-vllm: a stand-in for a vLLM server, for tests and the local demo.
  *
  * It behaves like vLLM where Thaw can see it: a slow start (weights read from
- * a file at a set rate), /health 503 until loaded, the OpenAI endpoints with
+ * a file at a set rate) during which connections are refused (the port is
+ * bound, not listening; --while-loading 503 answers 503 instead), the OpenAI endpoints with
  * a fixed prefill time and a per-request decode speed, a bounded batch with a
  * FIFO queue behind it, and /metrics with vLLM's names. --exporter-only
  * drops the model and only exports metrics whose generation counters grow at
@@ -15,6 +16,7 @@
 #include <inttypes.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -27,6 +29,7 @@
 #include <event2/bufferevent.h>
 #include <event2/event.h>
 #include <event2/http.h>
+#include <event2/util.h>
 #include <jansson.h>
 
 #include "alloc.h"
@@ -74,6 +77,7 @@ struct fv_app {
     struct fv_model_metrics *models;
     size_t nmodels;
     enum fv_server_state state;
+    int unlistened_fd; /* --while-loading refuse: bound, listen() at readiness; -1: none */
     struct fv_loader load;
     int64_t start_us;
     long long created;
@@ -698,7 +702,8 @@ static void on_http_request(struct evhttp_request *req, void *arg)
         return;
     }
     if (app->state == FV_LOADING) {
-        /* Real vLLM is not even listening yet; a 503 says the same to a prober. */
+        /* --while-loading 503 (real vLLM is not listening yet: the default,
+         * refuse, does that). */
         send_error_json(app, req, 503, "the model is loading");
         return;
     }
@@ -710,6 +715,19 @@ static void on_http_request(struct evhttp_request *req, void *arg)
 static void become_ready(struct fv_app *app)
 {
     app->state = FV_READY;
+    if (app->unlistened_fd >= 0) {
+        /* vLLM's server starts listening once its engine is up. */
+        int fd = app->unlistened_fd;
+        app->unlistened_fd = -1;
+        if (listen(fd, 1024) < 0 || evutil_make_socket_nonblocking(fd) < 0 ||
+            !evhttp_accept_socket_with_handle(app->http, fd)) {
+            LOG_ERROR("listen_failed", "errno=%d", errno);
+            close(fd);
+            app->exit_code = 1;
+            event_base_loopexit(app->base, NULL);
+            return;
+        }
+    }
     char qmodel[160];
     LOG_INFO("ready", "model=%s load_ms=%lld weights_bytes=%" PRIu64,
              log_quote(qmodel, sizeof(qmodel), app->opt.model),
@@ -972,21 +990,63 @@ static int start_http(struct fv_app *app)
      * sees the status instead of a reset. */
     if (evhttp_set_flags(app->http, EVHTTP_SERVER_LINGERING_CLOSE) < 0)
         return -1;
-    struct evhttp_bound_socket *bound = evhttp_bind_socket_with_handle(app->http, host,
-                                                                       (ev_uint16_t)port);
-    if (!bound) {
-        LOG_ERROR("bind_failed", "listen=%s errno=%d", qlisten, errno);
-        return -1;
+    int actual = -1;
+    bool refuse = !app->opt.exporter_only && strcmp(app->opt.while_loading, "refuse") == 0;
+    if (refuse) {
+        /* Bound, so the port is ours, but not listening: connections are
+         * refused until the model is loaded, as with vLLM. */
+        struct sockaddr_storage ss;
+        int sslen = 0;
+        memset(&ss, 0, sizeof(ss));
+        struct sockaddr_in *in4 = (struct sockaddr_in *)&ss;
+        struct sockaddr_in6 *in6 = (struct sockaddr_in6 *)&ss;
+        if (evutil_inet_pton(AF_INET, host, &in4->sin_addr) == 1) {
+            in4->sin_family = AF_INET;
+            in4->sin_port = htons((uint16_t)port);
+            sslen = (int)sizeof(*in4);
+        } else if (evutil_inet_pton(AF_INET6, host, &in6->sin6_addr) == 1) {
+            in6->sin6_family = AF_INET6;
+            in6->sin6_port = htons((uint16_t)port);
+            sslen = (int)sizeof(*in6);
+        }
+        if (sslen == 0) {
+            LOG_ERROR("bad_option", "option=listen value=%s want=IP:PORT (--while-loading refuse)",
+                      qlisten);
+            return -1;
+        }
+        int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        int one = 1;
+        if (fd < 0 || setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one)) < 0 ||
+            bind(fd, (struct sockaddr *)&ss, (socklen_t)sslen) < 0) {
+            LOG_ERROR("bind_failed", "listen=%s errno=%d", qlisten, errno);
+            if (fd >= 0)
+                close(fd);
+            return -1;
+        }
+        app->unlistened_fd = fd;
+        struct sockaddr_storage got;
+        socklen_t gotlen = sizeof(got);
+        if (getsockname(fd, (struct sockaddr *)&got, &gotlen) == 0)
+            actual = ntohs(got.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&got)->sin6_port
+                                                     : ((struct sockaddr_in *)&got)->sin_port);
+    } else {
+        struct evhttp_bound_socket *bound =
+            evhttp_bind_socket_with_handle(app->http, host, (ev_uint16_t)port);
+        if (!bound) {
+            LOG_ERROR("bind_failed", "listen=%s errno=%d", qlisten, errno);
+            return -1;
+        }
+        actual = bound_port(bound);
     }
-    int actual = bound_port(bound);
     if (actual < 0) {
         LOG_ERROR("getsockname_failed", "errno=%d", errno);
         return -1;
     }
     char qmodel[160];
-    LOG_INFO("listening", "port=%d host=%s mode=%s model=%s", actual, host,
+    LOG_INFO("listening", "port=%d host=%s mode=%s model=%s while_loading=%s", actual, host,
              app->opt.exporter_only ? "exporter" : "serve",
-             log_quote(qmodel, sizeof(qmodel), app->opt.model));
+             log_quote(qmodel, sizeof(qmodel), app->opt.model),
+             app->opt.exporter_only ? "-" : refuse ? "refuse" : "503");
     if (app->opt.port_file && write_port_file(app->opt.port_file, actual) < 0) {
         char qpath[512];
         LOG_ERROR("port_file_failed", "path=%s errno=%d",
@@ -1023,6 +1083,10 @@ static int app_run(struct fv_app *app)
         LOG_ERROR("signal_setup_failed", NULL);
         return 1;
     }
+    if (strcmp(app->opt.while_loading, "refuse") != 0 && strcmp(app->opt.while_loading, "503") != 0) {
+        LOG_ERROR("bad_option", "option=while-loading want=refuse|503");
+        return 1;
+    }
     app->start_us = clock_mono_us();
     app->created = (long long)(clock_unix_ms() / 1000);
     app->rng = (uint64_t)clock_unix_ms() ^ ((uint64_t)getpid() << 32);
@@ -1056,6 +1120,8 @@ static void discard_requests(struct fv_app *app)
 
 static void app_cleanup(struct fv_app *app)
 {
+    if (app->unlistened_fd >= 0)
+        close(app->unlistened_fd);
     discard_requests(app);
     if (app->http)
         evhttp_free(app->http);
@@ -1087,6 +1153,7 @@ int main(int argc, char **argv)
     struct fv_app app;
     memset(&app, 0, sizeof(app));
     app.load.fd = -1;
+    app.unlistened_fd = -1;
     TAILQ_INIT(&app.queue);
     TAILQ_INIT(&app.active);
 

@@ -32,6 +32,9 @@ static const struct fv_opt_row opt_rows[] = {
      "weights read rate in MB/s (10^6 bytes); 0 = unthrottled"},
     {"load-delay-ms", FV_OPT_LONG, "0", 0, 86400000, OFF(load_delay_ms), "N",
      "extra fixed load time after the weights are read"},
+    {"while-loading", FV_OPT_STR, "refuse", 0, 0, OFF(while_loading), "MODE",
+     "until loaded: refuse (the port is bound but not listening: connections are refused, "
+     "as vLLM's, whose server listens once the engine is up) or 503 (answer 503 to everything)"},
     {"tokens-per-second", FV_OPT_DOUBLE, "50", 0.001, 1e6, OFF(tokens_per_second), "N",
      "decode speed of each request"},
     {"max-batch", FV_OPT_LONG, "8", 1, 100000, OFF(max_batch), "N",

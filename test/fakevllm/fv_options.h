@@ -15,6 +15,7 @@ struct fv_options {
     char *weights_file;       /* NULL: nothing to read at start */
     double weights_read_mbps; /* 0: read as fast as the disk allows */
     long load_delay_ms;
+    char *while_loading;      /* "refuse" (bound, not listening, as vLLM) or "503" */
     double tokens_per_second; /* per request decode speed */
     long max_batch;           /* requests generating at once */
     long max_queue;           /* waiting requests beyond max_batch */

@@ -131,9 +131,10 @@ check "server starts and writes its port" start_server serve \
     --model "$M" --weights-file "$TMP/weights.bin" --weights-read-mbps 40 --load-delay-ms 300 \
     --tokens-per-second 50 --ttft-ms 20 --max-batch 8
 check "log says listening port=N" grep -q "event=listening port=$SRV_PORT " "$SRV_LOG"
-# One curl for both, so a slow machine still asks while loading.
-check "/health and /v1/models are 503 while loading" \
-    eq "$(curl -s --max-time 5 -o /dev/null -o /dev/null -w '%{http_code} ' "$(url /health)" "$(url /v1/models)" || true)" "503 503 "
+# Like vLLM, whose server listens once the engine is up: the port is bound
+# (the port file is written) but connections are refused while loading.
+RC=0; curl -s --max-time 5 -o /dev/null "$(url /health)" || RC=$?
+check "connections are refused while loading (curl exit 7, is $RC)" [ "$RC" -eq 7 ]
 READY_US=""
 for _ in $(seq 1 $((500 * SLACK))); do
     if [ "$(code "$(url /health)")" = 200 ]; then READY_US=$(now_us); break; fi
@@ -146,6 +147,16 @@ LOAD_MS=$(sed -n 's/.*event=ready .*load_ms=\([0-9]*\).*/\1/p' "$SRV_LOG")
 check "log event=ready load_ms close to 824 (is ${LOAD_MS:-none})" between "${LOAD_MS:-0}" 780 $((1200 * SLACK))
 WLOAD_MS=$(sed -n 's/.*event=weights_loaded .*ms=\([0-9]*\).*/\1/p' "$SRV_LOG")
 check "weights read at 40 MB/s: ~524 ms (is ${WLOAD_MS:-none})" between "${WLOAD_MS:-0}" 480 $((900 * SLACK))
+
+echo "# --while-loading 503: answers 503 to everything until loaded"
+MAIN_PID=$SRV_PID; MAIN_PORT=$SRV_PORT; MAIN_LOG=$SRV_LOG
+check "a second server starts (--while-loading 503)" start_server loading503 \
+    --model "$M" --load-delay-ms 3000 --while-loading 503
+# One curl for both, so a slow machine still asks while loading.
+check "/health and /v1/models are 503 while loading" \
+    eq "$(curl -s --max-time 5 -o /dev/null -o /dev/null -w '%{http_code} ' "$(url /health)" "$(url /v1/models)" || true)" "503 503 "
+stop_server TERM
+SRV_PID=$MAIN_PID; SRV_PORT=$MAIN_PORT; SRV_LOG=$MAIN_LOG
 
 echo "# OpenAI endpoints"
 MODELS=$(curl -s --max-time 5 "$(url /v1/models)" || true)
