@@ -72,7 +72,7 @@ test('kustomize: the base, monitoring and example kustomizations build', () => {
     'PodMonitor/thaw-model-servers', 'PrometheusRule/thaw', 'ConfigMap/thaw-grafana-dashboard']) {
     assert.ok(kinds(built.monitoring).includes(want), `monitoring lacks ${want}`);
   }
-  for (const want of ['Namespace/models', 'Deployment/llama-8b', 'Service/llama-8b',
+  for (const want of ['Namespace/models', 'Deployment/llama-8b', 'Service/qwen-7b',
     'Service/llama-8b-headless', 'ScaledObject/llama-8b', 'ScaledObject/qwen-7b',
     'TriggerAuthentication/thaw-scaler-tls', 'Deployment/thaw-scaler-tls']) {
     assert.ok(kinds(all).includes(want), `example lacks ${want}`);
@@ -353,6 +353,25 @@ test('refs: NetworkPolicies select Thaw\'s pods and ports, and admit every calle
   const nsNames = pols.flatMap((p) => p.spec.ingress.flatMap((r) => r.from))
     .filter((f) => f.namespaceSelector).map((f) => f.namespaceSelector.matchLabels['kubernetes.io/metadata.name']);
   assert.deepEqual([...new Set(nsNames)].sort(), ['keda', 'monitoring']);
+});
+
+test('refs: a model whose ScaledObject says idleSignal activators has no Service but the activators\' headless one', () => {
+  // Traffic the activators do not carry is invisible to that idle signal: a
+  // Service for clients to bypass them would get the model scaled to zero
+  // under its clients.
+  const cfg = JSON.parse(find('ConfigMap', 'thaw-activator').data['activator.json']);
+  const backends = new Set(cfg.models.map((m) => new URL(m.backend).hostname.split('.')[0]));
+  let checked = 0;
+  for (const so of byKind('ScaledObject')) {
+    if (so.spec.triggers[0].metadata.idleSignal !== 'activators') continue;
+    const dep = find('Deployment', so.spec.scaleTargetRef.name, so.metadata.namespace);
+    const svcs = byKind('Service').filter((s) => s.metadata.namespace === so.metadata.namespace &&
+      s.spec.selector && selects(s.spec.selector, podLabels(dep)));
+    assert.deepEqual(svcs.map((s) => s.metadata.name).filter((n) => !backends.has(n)), [],
+      `${so.metadata.name}: Services other than the activators' backend select its pods`);
+    checked++;
+  }
+  assert.ok(checked >= 1, 'the example has a ScaledObject with idleSignal activators');
 });
 
 test('refs: activator backends are headless Services of the example models', () => {
