@@ -68,7 +68,7 @@ test('kustomize: the base, monitoring and example kustomizations build', () => {
     'HorizontalPodAutoscaler/thaw-activator']) {
     assert.ok(kinds(built.base).includes(want), `base lacks ${want}`);
   }
-  for (const want of ['ServiceMonitor/thaw-scaler', 'ServiceMonitor/thaw-activator',
+  for (const want of ['ServiceMonitor/thaw-scaler', 'PodMonitor/thaw-activator',
     'PodMonitor/thaw-model-servers', 'PrometheusRule/thaw', 'ConfigMap/thaw-grafana-dashboard']) {
     assert.ok(kinds(built.monitoring).includes(want), `monitoring lacks ${want}`);
   }
@@ -482,11 +482,18 @@ test('rules: the scaler\'s token-rate query and the alerts use what the rules an
   const limit = JSON.parse(find('ConfigMap', 'thaw-scaler').data['scaler.json']).stalenessLimitSeconds;
   const alert = plain.groups.flatMap((g) => g.rules).find((x) => x.alert === 'ThawScalerFallbackActive');
   assert.equal(alert.expr, `thaw_scaler_source_staleness_seconds > ${limit}`);
-  // Job names in the absent() alerts are the ServiceMonitors' Services.
+  // Job names in the absent() alerts: the scaler's ServiceMonitor's Service,
+  // the activator's PodMonitor's jobLabel value on its pods.
   for (const job of ['thaw-scaler', 'thaw-activator']) {
     assert.ok(plain.groups.flatMap((g) => g.rules).some((x) => x.expr.includes(`up{job="${job}"}`)));
-    assert.ok(find('ServiceMonitor', job) && find('Service', job, 'thaw-system'));
   }
+  assert.ok(find('ServiceMonitor', 'thaw-scaler') && find('Service', 'thaw-scaler', 'thaw-system'));
+  const apm = find('PodMonitor', 'thaw-activator');
+  const act = find('Deployment', 'thaw-activator', 'thaw-system');
+  assert.ok(selects(apm.spec.selector.matchLabels, podLabels(act)), 'the PodMonitor selects the activator pods');
+  assert.equal(podLabels(act)[apm.spec.jobLabel], 'thaw-activator', 'its job is named thaw-activator');
+  assert.ok(containerPorts(act.spec.template.spec).some((p) => p.name === apm.spec.podMetricsEndpoints[0].port));
+  assert.equal(apm.spec.podMetricsEndpoints[0].honorLabels, true);
 });
 
 test('rules: the dashboard ConfigMap carries the dashboard file', () => {
