@@ -104,6 +104,7 @@ struct fv_req {
     int headers_sent;
     int64_t arrival_us;
     int64_t first_us;
+    int64_t last_token_us; /* for vllm:inter_token_latency_seconds */
     long long created;
     char id[48];
 };
@@ -278,6 +279,7 @@ static void sched_pump(struct fv_app *app)
         list_append(&app->active, r);
         r->in_batch = 1;
         m->running++;
+        fv_metrics_observe(&m->queue, (double)(clock_mono_us() - r->arrival_us) / 1e6);
         req_set_state(r, FV_REQ_PREFILL);
         arm_timer_us(r, (int64_t)app->opt.ttft_ms * 1000);
     }
@@ -359,6 +361,10 @@ static int emit_token(struct fv_req *r)
     struct fv_app *app = r->app;
     long k = r->produced++;
     served(app)->generation_tokens += 1;
+    int64_t now_us = clock_mono_us();
+    if (k > 0)
+        fv_metrics_observe(&served(app)->itl, (double)(now_us - r->last_token_us) / 1e6);
+    r->last_token_us = now_us;
     if (!r->gen.stream)
         return 0;
     if (!r->headers_sent && stream_start(r) < 0) {

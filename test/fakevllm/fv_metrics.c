@@ -14,6 +14,9 @@
 static const double ttft_bounds[] = {0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1,
                                      0.25,  0.5,   0.75, 1.0,  2.5,  5.0,  7.5,  10.0,
                                      20.0,  40.0,  80.0, 160.0, 640.0, 2560.0};
+/* vLLM's buckets for both (vllm/v1/metrics/loggers.py). */
+static const double itl_bounds[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4,
+                                    0.5,  0.75,  1.0,  2.5,   5.0, 7.5,  10.0, 20.0, 40.0, 80.0};
 static const double e2e_bounds[] = {0.3,  0.5,  0.8,  1.0,  1.5,   2.0,   2.5,   5.0,
                                     10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0,
                                     240.0, 480.0, 960.0, 1920.0, 7680.0};
@@ -31,6 +34,10 @@ int fv_metrics_init(struct fv_model_metrics *m, const char *name, long max_batch
     m->ttft.nbounds = N_OF(ttft_bounds);
     m->e2e.bounds = e2e_bounds;
     m->e2e.nbounds = N_OF(e2e_bounds);
+    m->itl.bounds = itl_bounds;
+    m->itl.nbounds = N_OF(itl_bounds);
+    m->queue.bounds = e2e_bounds;
+    m->queue.nbounds = N_OF(e2e_bounds);
     return 0;
 }
 
@@ -222,6 +229,14 @@ int fv_metrics_render(struct evbuffer *out, const struct fv_model_metrics *model
     if (render_hist(out, "vllm:e2e_request_latency_seconds",
                     "Histogram of e2e request latency in seconds.", models, n,
                     offsetof(struct fv_model_metrics, e2e)) < 0)
+        return -1;
+    if (render_hist(out, "vllm:inter_token_latency_seconds",
+                    "Histogram of inter-token latency in seconds.", models, n,
+                    offsetof(struct fv_model_metrics, itl)) < 0)
+        return -1;
+    if (render_hist(out, "vllm:request_queue_time_seconds",
+                    "Histogram of time spent in WAITING phase for request.", models, n,
+                    offsetof(struct fv_model_metrics, queue)) < 0)
         return -1;
     return 0;
 }

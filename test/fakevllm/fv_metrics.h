@@ -31,6 +31,8 @@ struct fv_model_metrics {
     long max_batch;          /* for kv_cache_usage_perc = running / max_batch */
     struct fv_hist ttft;     /* seconds */
     struct fv_hist e2e;      /* seconds */
+    struct fv_hist itl;      /* seconds between a request's tokens */
+    struct fv_hist queue;    /* seconds from arrival to a batch slot */
     /* Exporter mode: generation_tokens grows by rate per second since rate_since_ms. */
     double rate;
     int64_t rate_since_ms;

@@ -212,6 +212,12 @@ check "metrics: prompt_tokens_total grew by 3+123+10+4+1+4" \
     eq "$(delta "$(metric "$TMP/m0" "$PROMPT")" "$(metric "$TMP/m1" "$PROMPT")")" 145
 check "metrics: time_to_first_token histogram counted 6" \
     eq "$(delta "$(metric "$TMP/m0" "$TTFT_COUNT")" "$(metric "$TMP/m1" "$TTFT_COUNT")")" 6
+QUEUE_COUNT="vllm:request_queue_time_seconds_count{model_name=\"$M\"}"
+ITL_COUNT="vllm:inter_token_latency_seconds_count{model_name=\"$M\"}"
+check "metrics: request_queue_time histogram counted 6" \
+    eq "$(delta "$(metric "$TMP/m0" "$QUEUE_COUNT")" "$(metric "$TMP/m1" "$QUEUE_COUNT")")" 6
+check "metrics: inter_token_latency histogram counted the 72 tokens less one per request" \
+    eq "$(delta "$(metric "$TMP/m0" "$ITL_COUNT")" "$(metric "$TMP/m1" "$ITL_COUNT")")" 66
 
 echo "# tokens count while they are generated"
 post -o /dev/null "$(url /v1/completions)" -d '{"prompt":"x","max_tokens":50}' &
