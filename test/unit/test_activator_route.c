@@ -68,11 +68,16 @@ static void test_json_absent_invalid(void **state)
     assert_int_equal(scan("{\"a\": 1 \"b\": 2}", &info), ROUTE_JSON_INVALID);
     assert_int_equal(scan("{\"model\": \"a\", \"model\": \"b\"}", &info), ROUTE_JSON_INVALID);
     assert_int_equal(scan("{\"model\": \"a\", \"model\": \"a\"}", &info), ROUTE_JSON_FOUND);
-    char big[400];
+    /* A name longer than any model's (MODEL_NAME_MAX) cannot route; the
+     * longest can. */
+    char big[11 + MODEL_NAME_MAX + 1 + 3];
     memset(big, 'x', sizeof(big));
     memcpy(big, "{\"model\": \"", 11);
     memcpy(big + sizeof(big) - 3, "\"}", 3);
     assert_int_equal(scan(big, &info), ROUTE_JSON_INVALID);
+    memcpy(big + sizeof(big) - 4, "\"}", 3);
+    assert_int_equal(scan(big, &info), ROUTE_JSON_FOUND);
+    assert_int_equal(strlen(info.model), MODEL_NAME_MAX);
     /* A key longer than the scanner's key buffer is skipped, not confused with "model". */
     assert_int_equal(scan("{\"modelmodelmodelmodel\": \"a\"}", &info), ROUTE_JSON_ABSENT);
     assert_int_equal(scan("{\"a\": 12", &info), ROUTE_JSON_MORE);
