@@ -89,10 +89,6 @@ static void handle_wake(struct admin *a, struct evhttp_request *req, const char 
     thaw_free(decoded); /* libevent allocates through thaw_malloc (main.c) */
 }
 
-/* Answered /metrics and /models pages not yet taken by their clients,
- * beyond which a new one gets 503 (as thaw-scaler's admin port). */
-#define MAX_UNSENT_PAGE_BYTES ((size_t)64 << 20)
-
 static void admin_cb(struct evhttp_request *req, void *arg)
 {
     struct admin *a = arg;
@@ -129,7 +125,7 @@ static void admin_cb(struct evhttp_request *req, void *arg)
         return;
     }
     bool page = strcmp(path, "/metrics") == 0 || strcmp(path, "/models") == 0;
-    if (page && http_conn_cap_unsent_bytes(a->cap) > MAX_UNSENT_PAGE_BYTES) {
+    if (page && http_conn_cap_unsent_bytes(a->cap) > HTTP_CONN_CAP_MAX_UNSENT_BYTES) {
         /* Pages answered before still wait for clients that do not read
          * them: each new one would be held in memory too. */
         evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");

@@ -34,6 +34,9 @@
 
 #define TICK_MS 100
 #define REDIS_REFRESH_MS 1000
+/* A metric's labels: a model name, each byte possibly escaped, and another
+ * short label. */
+#define LABELS_BYTES (2 * MODEL_NAME_MAX + 128)
 /* How often a writer of a thaw:held key sweeps crashed activators' fields from it. */
 #define HELD_SWEEP_EVERY_MS 60000
 /* A peer that has not renewed for this long is no longer counted; ours is
@@ -1670,6 +1673,19 @@ static bool removed_leads_name(struct proxy *px, const struct model_rt *r)
     return true;
 }
 
+/* value summed over the model configured under name and the removed models
+ * of that name still carrying requests: per name, as thaw:held is. */
+static double name_sum(struct proxy *px, const char *name,
+                       double (*value)(const struct model_rt *))
+{
+    const struct model_rt *m = model_by_name(px, name);
+    double v = m ? value(m) : 0;
+    for (const struct model_rt *o = px->removed; o; o = o->next_removed)
+        if (strcmp(o->name, name) == 0)
+            v += value(o);
+    return v;
+}
+
 static void model_wake_with(struct model_rt *m)
 {
     struct proxy *px = m->px;
@@ -2838,15 +2854,20 @@ static unsigned peer_weight(const struct proxy *px)
     return most;
 }
 
-/* The model's part of the Redis refresh: a wake that could not be sent,
- * the direct wake renewed while Redis is not there, its thaw:held field. */
 /* Requests of this instance waiting for a replica of its model to come up
  * (waking, or draining with none up). */
-static size_t waiting_for_wake(const struct model_rt *m)
+static double waiting_for_wake(const struct model_rt *m)
 {
     if (m->sm.state == MODEL_COLD || model_sm_forwardable(&m->sm))
         return 0;
-    return model_waiting(m);
+    return (double)model_waiting(m);
+}
+
+static void renew_direct_wake(struct proxy *px, const char *name)
+{
+    double n = name_sum(px, name, waiting_for_wake);
+    if (n > 0)
+        scaler_wake_send(px->scaler_wake, name, (size_t)n);
 }
 
 /* Without Redis (down, or connected but not answering) the scaler does not
@@ -2858,27 +2879,15 @@ static void renew_direct_wakes(struct proxy *px)
 {
     if (!px->scaler_wake || redis_link_answering(px->redis))
         return;
-    for (size_t i = 0; i < px->nmodels; i++) {
-        struct model_rt *m = px->models[i];
-        size_t n = waiting_for_wake(m);
-        for (struct model_rt *o = px->removed; o; o = o->next_removed)
-            if (strcmp(o->name, m->name) == 0)
-                n += waiting_for_wake(o);
-        if (n > 0)
-            scaler_wake_send(px->scaler_wake, m->name, n);
-    }
-    for (struct model_rt *r = px->removed; r; r = r->next_removed) {
-        if (!removed_leads_name(px, r))
-            continue;
-        size_t n = 0;
-        for (struct model_rt *o = r; o; o = o->next_removed)
-            if (strcmp(o->name, r->name) == 0)
-                n += waiting_for_wake(o);
-        if (n > 0)
-            scaler_wake_send(px->scaler_wake, r->name, n);
-    }
+    for (size_t i = 0; i < px->nmodels; i++)
+        renew_direct_wake(px, px->models[i]->name);
+    for (const struct model_rt *r = px->removed; r; r = r->next_removed)
+        if (removed_leads_name(px, r))
+            renew_direct_wake(px, r->name);
 }
 
+/* The model's part of the Redis refresh: a wake that could not be sent, its
+ * thaw:held field. */
 static void refresh_model(struct proxy *px, struct model_rt *m)
 {
     /* A wake that could not be sent still matters while the model has not
@@ -3454,7 +3463,7 @@ static void ep_metric(void *ud, const char *label, unsigned outstanding, bool he
                       uint64_t requests)
 {
     struct ep_ctx *c = ud;
-    char labels[2 * MODEL_NAME_MAX + 128]; /* a name's quotes and backslashes escaped */
+    char labels[LABELS_BYTES];
     if (expo_labels(labels, sizeof(labels), "model", c->model, "endpoint", label, NULL) < 0)
         return;
     if (c->pass == 0)
@@ -3491,7 +3500,7 @@ static void write_outcomes(struct evbuffer *out, struct proxy *px, const char *n
             n[o] += r->outcomes[o];
         routed |= r->routed;
     }
-    char labels[2 * MODEL_NAME_MAX + 128]; /* a name's quotes and backslashes escaped */
+    char labels[LABELS_BYTES];
     for (int o = 0; o < PROXY_OUTCOME_COUNT; o++) {
         if (n[o] == 0 && o != OUT_OK && !(routed && outcome_exposed_from_zero[o]))
             continue;
@@ -3505,6 +3514,14 @@ static double held_of(const struct model_rt *m) { return (double)m->hq.count; }
 static double held_bytes_of(const struct model_rt *m) { return (double)m->hq.bytes; }
 static double inflight_of(const struct model_rt *m) { return (double)m->inflight; }
 
+static void write_name_sample(struct evbuffer *out, struct proxy *px, const char *family,
+                              const char *name, double (*value)(const struct model_rt *))
+{
+    char labels[LABELS_BYTES];
+    if (expo_labels(labels, sizeof(labels), "model", name, NULL) >= 0)
+        expo_sample(out, family, labels, name_sum(px, name, value));
+}
+
 /* One sample per model name: the configured model plus its removed
  * namesakes still carrying requests, summed, and a name only removed ones
  * have until they are freed (their requests are still the model's demand,
@@ -3512,31 +3529,16 @@ static double inflight_of(const struct model_rt *m) { return (double)m->inflight
 static void write_name_gauge(struct evbuffer *out, struct proxy *px, const char *family,
                              double (*value)(const struct model_rt *))
 {
-    char labels[2 * MODEL_NAME_MAX + 128];
-    for (size_t i = 0; i < px->nmodels; i++) {
-        const struct model_rt *m = px->models[i];
-        double v = value(m);
-        for (const struct model_rt *o = px->removed; o; o = o->next_removed)
-            if (strcmp(o->name, m->name) == 0)
-                v += value(o);
-        if (expo_labels(labels, sizeof(labels), "model", m->name, NULL) >= 0)
-            expo_sample(out, family, labels, v);
-    }
-    for (const struct model_rt *r = px->removed; r; r = r->next_removed) {
-        if (!removed_leads_name(px, r))
-            continue;
-        double v = 0;
-        for (const struct model_rt *o = r; o; o = o->next_removed)
-            if (strcmp(o->name, r->name) == 0)
-                v += value(o);
-        if (expo_labels(labels, sizeof(labels), "model", r->name, NULL) >= 0)
-            expo_sample(out, family, labels, v);
-    }
+    for (size_t i = 0; i < px->nmodels; i++)
+        write_name_sample(out, px, family, px->models[i]->name, value);
+    for (const struct model_rt *r = px->removed; r; r = r->next_removed)
+        if (removed_leads_name(px, r))
+            write_name_sample(out, px, family, r->name, value);
 }
 
 void proxy_write_metrics(struct proxy *px, struct evbuffer *out)
 {
-    char labels[2 * MODEL_NAME_MAX + 128]; /* a name's quotes and backslashes escaped */
+    char labels[LABELS_BYTES];
     struct proxy_totals t;
     proxy_get_totals(px, &t);
 

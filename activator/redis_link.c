@@ -12,8 +12,8 @@
 #include "alloc.h"
 #include "clock.h"
 #include "log.h"
-#include "redis_guard.h"
 #include "model_name.h"
+#include "redis_guard.h"
 
 #define BACKOFF_MIN_MS 100
 #define BACKOFF_MAX_MS 5000
@@ -391,12 +391,20 @@ int redis_link_wake(struct redis_link *l, const char *model)
     return send_cmd(l, 3, argv);
 }
 
+#define HELD_KEY_BYTES (sizeof("thaw:held:") + MODEL_NAME_MAX)
+
+/* thaw:held:<model> into key (HELD_KEY_BYTES); -1 for a name too long. */
+static int held_key(char *key, const char *model)
+{
+    int n = snprintf(key, HELD_KEY_BYTES, "thaw:held:%s", model);
+    return n < 0 || (size_t)n >= HELD_KEY_BYTES ? -1 : 0;
+}
+
 int redis_link_held(struct redis_link *l, const char *model, size_t held, size_t queued,
                     size_t inflight, int64_t late_after_ms, int64_t unix_ms)
 {
-    char key[MODEL_NAME_MAX + 32];
-    int n = snprintf(key, sizeof(key), "thaw:held:%s", model);
-    if (n < 0 || (size_t)n >= sizeof(key))
+    char key[HELD_KEY_BYTES];
+    if (held_key(key, model) < 0)
         return -1;
     if (held == 0 && queued == 0 && inflight == 0) {
         const char *argv[] = {"HDEL", key, l->instance_id};
@@ -446,9 +454,8 @@ static const char held_sweep_script[] =
 
 int redis_link_held_sweep(struct redis_link *l, const char *model, int64_t unix_ms)
 {
-    char key[MODEL_NAME_MAX + 32], age[24], mine[24];
-    int n = snprintf(key, sizeof(key), "thaw:held:%s", model);
-    if (n < 0 || (size_t)n >= sizeof(key))
+    char key[HELD_KEY_BYTES], age[24], mine[24];
+    if (held_key(key, model) < 0)
         return -1;
     snprintf(age, sizeof(age), "%d", HELD_FIELD_MAX_AGE_MS);
     snprintf(mine, sizeof(mine), "%lld", (long long)unix_ms);

@@ -60,6 +60,9 @@ int http_conn_cap_open(const struct http_conn_cap *cap);
  * connections: what clients that do not read hold of the process's memory
  * (a page handed to evhttp stays until sent or its write timeout). O(open). */
 size_t http_conn_cap_unsent_bytes(const struct http_conn_cap *cap);
+/* What both binaries' admin ports allow of it before a new /metrics or
+ * /models page gets 503: four of the largest (15 MB at 10 000 models). */
+#define HTTP_CONN_CAP_MAX_UNSENT_BYTES ((size_t)64 << 20)
 uint64_t http_conn_cap_refused(const struct http_conn_cap *cap);
 uint64_t http_conn_cap_evicted(const struct http_conn_cap *cap);
 

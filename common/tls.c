@@ -242,7 +242,6 @@ static void log_loaded(const struct tls_server *t, SSL_CTX *ctx, int reload)
         LOG_WARN("tls_certificate_not_yet_valid", "cert=%s", q2);
 }
 
-/* Builds a context from the files. NULL with err on failure. */
 static int no_passphrase(char *buf, int size, int rwflag, void *ud)
 {
     (void)buf;
@@ -266,6 +265,7 @@ static bool key_is_encrypted(const char *path)
     return encrypted;
 }
 
+/* Builds a context from the files. NULL with err on failure. */
 static SSL_CTX *ctx_build(const struct tls_server *t, double *not_after, char *err, size_t errlen)
 {
     for (int i = 0; i < NFILES; i++) {

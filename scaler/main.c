@@ -261,7 +261,7 @@ static int restore_setup(struct app *app, char *err, size_t errlen)
 {
     int64_t window_ms = (int64_t)(app->cfg.restore_window_seconds * 1000);
     if (app->cfg.restore_window_seconds <= 0)
-        return 0; /* (0.0001 would be 0 ms: refused below, not taken as off) */
+        return 0; /* off; check_options refused (0, 1) at start */
     if (restore_query(app->restore_promql, sizeof(app->restore_promql), app->cfg.restore_series,
                       window_ms) != 0) {
         snprintf(err, errlen,
@@ -480,9 +480,6 @@ static bool refuse_unless_get(struct evhttp_request *req)
  * in between, and sent once complete; at most MAX_PAGE_JOBS at once (each
  * holds its page in memory). */
 enum { METRICS_STEP = 2000, MODELS_STEP = 100, MAX_PAGE_JOBS = 4 };
-/* Answered pages not yet taken by their clients, beyond which a new page
- * request gets 503: four of the largest (15 MB at 10 000 models). */
-#define MAX_UNSENT_PAGE_BYTES ((size_t)64 << 20)
 
 struct page_job {
     struct app *app;
@@ -543,7 +540,8 @@ static bool refuse_when_busy(struct app *app, struct evhttp_request *req)
     /* Pages already answered wait in memory for their clients: those that
      * do not read (120 of them held 1.4 GB at 10 000 models) must not make
      * each new page one more. */
-    bool unsent = app->http_cap && http_conn_cap_unsent_bytes(app->http_cap) > MAX_UNSENT_PAGE_BYTES;
+    bool unsent = app->http_cap &&
+                  http_conn_cap_unsent_bytes(app->http_cap) > HTTP_CONN_CAP_MAX_UNSENT_BYTES;
     if (app->njobs < MAX_PAGE_JOBS && !unsent)
         return false;
     evhttp_add_header(evhttp_request_get_output_headers(req), "Retry-After", "1");
